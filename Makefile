@@ -1,0 +1,50 @@
+# gpuwarden: `make run` serves the webhook locally on the bundled policies, `make test` runs every check.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+CACHE_DIR ?= $(HOME)/.cache/gpuwarden-e2e
+export GPUWARDEN_CACHE_DIR := $(CACHE_DIR)
+
+.PHONY: run test lint typecheck unit e2e demo bench fuzz tools clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+## Build (or reuse from the cache) kube-apiserver, etcd, kubectl and helm for the e2e and chart suites.
+tools:
+	bash hack/build-tools.sh
+
+run: $(STAMP)
+	$(BIN)/gpuwarden serve --policies policies --namespaces examples/namespaces.yaml \
+		--cert-dir .cache/certs --host 127.0.0.1 --port 8443 --metrics-port 9090
+
+lint: $(STAMP)
+	$(BIN)/ruff check gpuwarden tests bench
+	$(BIN)/ruff format --check gpuwarden tests bench
+	$(BIN)/lint-imports
+
+typecheck: $(STAMP)
+	$(BIN)/mypy gpuwarden bench
+
+unit: $(STAMP)
+	$(BIN)/pytest -m "not e2e"
+
+test: lint typecheck tools
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	bash hack/demo.sh
+
+bench: $(STAMP)
+	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/load.py
+
+fuzz: $(STAMP)
+	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/test_fuzz.py
+
+clean:
+	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis
