@@ -1,0 +1,28 @@
+"""The policy core: pure functions from (pod, namespace, policies, cluster view) to decisions."""
+
+from gpuwarden.policy.decision import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    PriorityClassInfo,
+)
+from gpuwarden.policy.loader import PolicyError, PolicyIssue, load_paths, load_texts
+from gpuwarden.policy.mutate import admitted_gpu_memory, mutate
+from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.validate import validate
+
+__all__ = [
+    "AdmissionRequest",
+    "ClusterView",
+    "Decision",
+    "PolicyError",
+    "PolicyIssue",
+    "PolicySet",
+    "PriorityClassInfo",
+    "ResolvedProfile",
+    "admitted_gpu_memory",
+    "load_paths",
+    "load_texts",
+    "mutate",
+    "validate",
+]

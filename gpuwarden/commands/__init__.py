@@ -1,0 +1,1 @@
+"""Subcommands of the gpuwarden CLI, one module each."""

@@ -1,0 +1,76 @@
+"""The values the engine takes and returns: read-only request attributes in, a decision out."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Literal
+
+Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+MAX_WARNING = 120
+
+
+@dataclass(frozen=True)
+class PriorityClassInfo:
+    value: int
+    preemption_policy: str = "PreemptLowerPriority"
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the engine may know of the cluster, gathered by the caller (cache or files)."""
+
+    namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    priority_classes: Mapping[str, PriorityClassInfo] = field(default_factory=dict)
+    # GPU memory (sum of caps) admitted to each tenant's live pods, this pod excluded.
+    tenant_gpu_memory: Mapping[str, Decimal] = field(default_factory=dict)
+    # Keys of ConfigMaps and Secrets, by (kind, namespace, name), where the caller knows them.
+    env_source_keys: Mapping[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
+
+    def labels_for(self, namespace: str) -> Mapping[str, str]:
+        return self.namespace_labels.get(namespace, {})
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """The attributes of one admission request that a decision may depend on."""
+
+    operation: Operation
+    namespace: str
+    pod: Mapping[str, Any]
+    old_pod: Mapping[str, Any] | None = None
+    sub_resource: str = ""
+    uid: str = ""
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A complete answer: allowed or denied, the patch, and what to tell the user and the audit log."""
+
+    allowed: bool = True
+    patch: tuple[Mapping[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    message: str = ""
+    code: int = 200
+    reason: str = ""
+    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    tenant: str | None = None
+    profile: str | None = None
+    rule: str | None = None
+
+    def patch_bytes(self) -> bytes:
+        """The JSON Patch exactly as both the webhook and `gpuwarden apply -o patch` emit it."""
+        return json.dumps(list(self.patch), separators=(",", ":"), sort_keys=True).encode()
+
+    @property
+    def verdict(self) -> str:
+        return "allowed" if self.allowed else "denied"
+
+
+def warning(text: str) -> str:
+    """One warning line, kept under the API server's comfortable length."""
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."

@@ -1,0 +1,335 @@
+"""Load policy sets from YAML: GPUPolicy documents, ConfigMaps holding them, or a bare profiles.yaml.
+
+Loading is all or nothing: every problem is collected with the file, the document index and the
+field path, and a set with any problem is refused whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.model import GPUPolicy, Profile, Tenant, WorkloadRule
+from gpuwarden.policy.policyset import PolicySet
+
+_POLICY_SUFFIXES = (".yaml", ".yml", ".json")
+_SPEC_KEYS = {"backend", "profiles", "workloads", "tenants", "defaultProfile", "mps"}
+# A policy directory may be a ConfigMap volume: a file per key, each a symlink into ..data.
+_MAX_FILE_BYTES = 8 * 1024 * 1024
+_UNION_TAGS = frozenset(
+    {
+        "volcano",
+        "hami",
+        "nvidia",
+        "native",
+        "kfp-step",
+        "kfp-system",
+        "training-job",
+        "trainjob",
+        "katib-trial",
+        "notebook",
+        "kserve-predictor",
+        "selector",
+    }
+)
+
+
+@dataclass(frozen=True)
+class PolicyIssue:
+    """One problem, located as precisely as the input allows."""
+
+    source: str
+    document: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.source
+        if self.document is not None:
+            where += f": document {self.document}"
+        if self.path:
+            where += f": {self.path}"
+        return f"{where}: {self.message}"
+
+
+class PolicyError(Exception):
+    """A policy set that cannot be loaded; ``issues`` says every reason."""
+
+    def __init__(self, issues: Sequence[PolicyIssue]) -> None:
+        self.issues = tuple(issues)
+        super().__init__("\n".join(str(issue) for issue in self.issues))
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """Where a policy document came from."""
+
+    source: str
+    document: int
+    prefix: str = ""
+
+    def issue(self, path: str, message: str) -> PolicyIssue:
+        return PolicyIssue(self.source, self.document, _join(self.prefix, path), message)
+
+
+@dataclass
+class _Collector:
+    policies: list[tuple[GPUPolicy, PolicySource]] = field(default_factory=list)
+    issues: list[PolicyIssue] = field(default_factory=list)
+    digest: Any = field(default_factory=hashlib.sha256)
+
+
+def _join(prefix: str, path: str) -> str:
+    if not prefix:
+        return path
+    if not path:
+        return prefix
+    return f"{prefix}{path}" if path.startswith("[") else f"{prefix}.{path}"
+
+
+def format_loc(loc: Iterable[int | str]) -> str:
+    """Pydantic's error location as a field path: ``spec.profiles[1].maxMemory``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{part!r}]"
+    return out
+
+
+def _validation_issues(exc: ValidationError, where: PolicySource, base: str) -> list[PolicyIssue]:
+    issues = []
+    for error in exc.errors(include_url=False):
+        loc = [part for part in error["loc"] if not _is_union_tag(part)]
+        message = error["msg"].removeprefix("Value error, ")
+        issues.append(where.issue(_join(base, format_loc(loc)), message))
+    return issues
+
+
+def _is_union_tag(part: int | str) -> bool:
+    # Tagged unions and before-validators add the tag value and the validator to the location.
+    return isinstance(part, str) and (part in _UNION_TAGS or part.startswith("function-"))
+
+
+def _bare_name(stem: str) -> str:
+    name = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:53].strip("-")
+    return name or "policy"
+
+
+def _load_document(doc: Any, where: PolicySource, stem: str, out: _Collector) -> None:
+    if doc is None:
+        return
+    if not isinstance(doc, Mapping):
+        out.issues.append(where.issue("", f"expected a mapping, got {type(doc).__name__}"))
+        return
+    kind = doc.get("kind")
+    if kind == "ConfigMap":
+        _load_configmap(doc, where, out)
+        return
+    if kind is None and "apiVersion" not in doc:
+        unknown = sorted(set(map(str, doc)) - _SPEC_KEYS)
+        if unknown:
+            out.issues.append(
+                where.issue(
+                    unknown[0],
+                    f"unknown field; a bare policy file may hold only {sorted(_SPEC_KEYS)}",
+                )
+            )
+            return
+        doc = {
+            "apiVersion": keys.API_VERSION,
+            "kind": keys.POLICY_KIND,
+            "metadata": {"name": _bare_name(stem)},
+            "spec": dict(doc),
+        }
+    elif kind != keys.POLICY_KIND or doc.get("apiVersion") != keys.API_VERSION:
+        out.issues.append(
+            where.issue(
+                "kind",
+                f"expected apiVersion {keys.API_VERSION} kind {keys.POLICY_KIND} "
+                f"(or a ConfigMap holding one), got {doc.get('apiVersion')}/{kind}",
+            )
+        )
+        return
+    try:
+        policy = GPUPolicy.model_validate(doc)
+    except ValidationError as exc:
+        out.issues.extend(_validation_issues(exc, where, ""))
+        return
+    out.policies.append((policy, where))
+
+
+def _load_configmap(doc: Mapping[str, Any], where: PolicySource, out: _Collector) -> None:
+    data = doc.get("data") or {}
+    name = str((doc.get("metadata") or {}).get("name") or "configmap")
+    if not isinstance(data, Mapping):
+        out.issues.append(where.issue("data", "must be a mapping of file names to contents"))
+        return
+    found = False
+    for key in sorted(map(str, data)):
+        if not key.endswith(_POLICY_SUFFIXES):
+            continue
+        found = True
+        text = data[key]
+        prefix = f"data[{key!r}]"
+        if not isinstance(text, str):
+            out.issues.append(where.issue(prefix, "must be a string holding YAML"))
+            continue
+        _load_text(text, f"{where.source}: document {where.document}: {prefix}", name, out)
+    if not found:
+        out.issues.append(where.issue("data", "holds no *.yaml, *.yml or *.json key"))
+
+
+def _load_text(text: str, source: str, stem: str, out: _Collector) -> None:
+    out.digest.update(source.encode())
+    out.digest.update(text.encode())
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        out.issues.append(PolicyIssue(source, None, "", f"invalid YAML: {at}{problem}"))
+        return
+    for index, doc in enumerate(docs, start=1):
+        _load_document(doc, PolicySource(source, index), stem, out)
+
+
+def policy_files(paths: Iterable[Path]) -> list[Path]:
+    """Every policy file under the given files and directories, in a stable order."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files += sorted(
+                candidate
+                for candidate in path.rglob("*")
+                if candidate.suffix in _POLICY_SUFFIXES
+                and candidate.is_file()
+                and not any(part.startswith(".") for part in candidate.relative_to(path).parts)
+                and "tests" not in candidate.relative_to(path).parts
+            )
+        else:
+            files.append(path)
+    return files
+
+
+def load_texts(texts: Iterable[tuple[str, str]]) -> PolicySet:
+    """Load (source name, YAML text) pairs as one policy set."""
+    out = _Collector()
+    for source, text in texts:
+        _load_text(text, source, Path(source).stem, out)
+    return _finish(out)
+
+
+def load_paths(paths: Iterable[Path | str]) -> PolicySet:
+    """Load files and directories (multi-document YAML) as one policy set."""
+    out = _Collector()
+    requested = [Path(p) for p in paths]
+    for path in requested:
+        if not path.exists():
+            out.issues.append(PolicyIssue(str(path), None, "", "no such file or directory"))
+    files = policy_files(p for p in requested if p.exists())
+    if not files and not out.issues:
+        out.issues.append(
+            PolicyIssue(", ".join(map(str, requested)), None, "", "no policy files found")
+        )
+    for file in files:
+        try:
+            if file.stat().st_size > _MAX_FILE_BYTES:
+                out.issues.append(PolicyIssue(str(file), None, "", "file is larger than 8 MiB"))
+                continue
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            out.issues.append(PolicyIssue(str(file), None, "", f"cannot read: {exc}"))
+            continue
+        _load_text(text, str(file), file.stem, out)
+    return _finish(out)
+
+
+def _finish(out: _Collector) -> PolicySet:
+    if not out.issues and not out.policies:
+        out.issues.append(PolicyIssue("policies", None, "", "no GPUPolicy documents found"))
+    if not out.issues:
+        out.issues.extend(_cross_check(out.policies))
+    if out.issues:
+        raise PolicyError(out.issues)
+    return PolicySet.build(
+        [policy for policy, _ in out.policies],
+        fingerprint=out.digest.hexdigest()[:16],
+    )
+
+
+def _cross_check(policies: Sequence[tuple[GPUPolicy, PolicySource]]) -> list[PolicyIssue]:
+    """References across documents: unique names, and every named profile exists."""
+    issues: list[PolicyIssue] = []
+    profiles: dict[str, Profile] = {}
+    seen_policies: dict[str, PolicySource] = {}
+    tenants: dict[str, Tenant] = {}
+    rules: dict[str, WorkloadRule] = {}
+    defaults: list[tuple[str, PolicySource]] = []
+    for policy, where in policies:
+        name = policy.metadata.name
+        if name in seen_policies:
+            issues.append(where.issue("metadata.name", f"policy {name!r} is defined twice"))
+        seen_policies[name] = where
+        for i, profile in enumerate(policy.spec.profiles):
+            if profile.name in profiles:
+                issues.append(
+                    where.issue(
+                        f"spec.profiles[{i}].name", f"profile {profile.name!r} is defined twice"
+                    )
+                )
+            profiles[profile.name] = profile
+        for i, rule in enumerate(policy.spec.workloads):
+            if rule.name in rules:
+                issues.append(
+                    where.issue(f"spec.workloads[{i}].name", f"rule {rule.name!r} is defined twice")
+                )
+            rules[rule.name] = rule
+        for i, tenant in enumerate(policy.spec.tenants):
+            if tenant.name in tenants:
+                issues.append(
+                    where.issue(
+                        f"spec.tenants[{i}].name", f"tenant {tenant.name!r} is defined twice"
+                    )
+                )
+            tenants[tenant.name] = tenant
+        if policy.spec.default_profile:
+            defaults.append((policy.spec.default_profile, where))
+    known = sorted(profiles)
+
+    def unknown(name: str) -> str:
+        return f"unknown profile {name!r} (known: {', '.join(known) or 'none'})"
+
+    for policy, where in policies:
+        for i, rule in enumerate(policy.spec.workloads):
+            if rule.profile and rule.profile not in profiles:
+                issues.append(where.issue(f"spec.workloads[{i}].profile", unknown(rule.profile)))
+        for i, tenant in enumerate(policy.spec.tenants):
+            for name in tenant.overrides:
+                if name not in profiles:
+                    issues.append(
+                        where.issue(f"spec.tenants[{i}].overrides[{name!r}]", unknown(name))
+                    )
+            for j, name in enumerate(tenant.limits.allowed_profiles or ()):
+                if name not in profiles:
+                    issues.append(
+                        where.issue(f"spec.tenants[{i}].limits.allowedProfiles[{j}]", unknown(name))
+                    )
+    for name, where in defaults:
+        if name not in profiles:
+            issues.append(where.issue("spec.defaultProfile", unknown(name)))
+    if len(defaults) > 1:
+        issues.append(defaults[1][1].issue("spec.defaultProfile", "only one policy may set it"))
+    return issues

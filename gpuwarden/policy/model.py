@@ -1,0 +1,474 @@
+"""The declarative GPU policy model (``gpuwarden.io/v1alpha1`` ``GPUPolicy``).
+
+These pydantic models are the one source of truth: the loader validates with them, the CRD's
+OpenAPI schema and the README's field table are generated from them.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+class StrictModel(BaseModel):
+    """Frozen, camelCase on the wire, and no unknown fields: a typo is an error, not a no-op."""
+
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        str_strip_whitespace=True,
+    )
+
+
+def _check_quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("must be a Kubernetes quantity such as 8Gi")
+    text = str(value).strip()
+    try:
+        parse_non_negative(text)
+    except QuantityError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 53 or not _DNS_LABEL.match(value):
+        raise ValueError(
+            f"{value!r} must be a lowercase DNS label of at most 53 characters "
+            "(letters, digits and '-'), since it names Kubernetes objects"
+        )
+    return value
+
+
+def _check_label_key(value: str) -> str:
+    if len(value) > 317 or not _LABEL_NAME.match(value):
+        raise ValueError(f"{value!r} is not a valid Kubernetes label or annotation key")
+    return value
+
+
+Quantity = Annotated[
+    str,
+    BeforeValidator(_check_quantity),
+    Field(
+        description="A Kubernetes quantity, e.g. 8Gi",
+        json_schema_extra={"x-kubernetes-int-or-string": True},
+    ),
+]
+ProfileName = Annotated[str, AfterValidator(_check_dns_label)]
+LabelKey = Annotated[str, AfterValidator(_check_label_key)]
+
+
+def quantity_value(quantity: str) -> Decimal:
+    """The numeric value of an already-validated quantity field."""
+    return parse_non_negative(quantity)
+
+
+class LabelSelectorRequirement(StrictModel):
+    key: LabelKey
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist"]
+    values: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _values_fit_operator(self) -> LabelSelectorRequirement:
+        if self.operator in ("In", "NotIn") and not self.values:
+            raise ValueError(f"operator {self.operator} needs at least one value")
+        if self.operator in ("Exists", "DoesNotExist") and self.values:
+            raise ValueError(f"operator {self.operator} takes no values")
+        return self
+
+
+class LabelSelector(StrictModel):
+    """A Kubernetes label selector: every matchLabels pair and every expression must hold."""
+
+    match_labels: dict[LabelKey, str] = Field(default_factory=dict)
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+
+
+class Toleration(StrictModel):
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+# --- Scheduler backends (tagged by `type`) -------------------------------------------------
+
+
+class _BackendBase(StrictModel):
+    foreign_scheduler: Literal["keep", "replace"] = Field(
+        default="keep",
+        description=(
+            "What to do when another controller already set a schedulerName other than "
+            "default-scheduler (e.g. for gang scheduling): keep it (and warn) or replace it"
+        ),
+    )
+
+
+class VolcanoBackend(_BackendBase):
+    """Volcano scheduler with the volcano-vgpu device plugin for shared GPUs."""
+
+    type: Literal["volcano"] = "volcano"
+    scheduler_name: str = "volcano"
+    queue: str | None = Field(
+        default=None, description="Volcano queue for pods whose tenant names none"
+    )
+
+
+class HamiBackend(_BackendBase):
+    """HAMi scheduler extender and device plugin."""
+
+    type: Literal["hami"] = "hami"
+    scheduler_name: str = "hami-scheduler"
+
+
+class NvidiaBackend(_BackendBase):
+    """Default scheduler with NVIDIA's device plugin sharing GPUs through MPS."""
+
+    type: Literal["nvidia"] = "nvidia"
+    shared_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        description="Resource that shared replicas are advertised as (nvidia.com/gpu.shared "
+        "when the device plugin's sharing config sets renameByDefault)",
+    )
+
+
+class NativeBackend(_BackendBase):
+    """Default scheduler, whole GPUs only through nvidia.com/gpu."""
+
+    type: Literal["native"] = "native"
+
+
+BackendName = Literal["volcano", "hami", "nvidia", "native"]
+
+
+def _backend_shorthand(value: Any) -> Any:
+    return {"type": value} if isinstance(value, str) else value
+
+
+Backend = Annotated[
+    VolcanoBackend | HamiBackend | NvidiaBackend | NativeBackend,
+    BeforeValidator(_backend_shorthand),
+    Field(discriminator="type"),
+]
+
+
+# --- Profiles ------------------------------------------------------------------------------
+
+
+class _ProfileSettings(StrictModel):
+    """Settings a tenant may override; every field is optional here."""
+
+    gpu_share: bool | None = Field(
+        default=None,
+        description="true: a fraction of a shared GPU; false: whole GPUs used exclusively",
+    )
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        le=64,
+        description="GPUs per container: whole GPUs when exclusive, shared slices when shared; "
+        "0 gives the step no GPU",
+    )
+    max_memory: Quantity | None = Field(
+        default=None, description="GPU-memory (VRAM) cap per container, on each GPU it gets"
+    )
+    overcommit_ratio: float | None = Field(
+        default=None,
+        ge=1.0,
+        le=16.0,
+        description="The scheduler reserves maxMemory / overcommitRatio; the cap stays maxMemory. "
+        "Must be 1.0 for exclusive profiles",
+    )
+    thread_percentage: int | None = Field(
+        default=None,
+        ge=1,
+        le=100,
+        description="MPS active thread percentage (share of the GPU's SMs) for shared profiles",
+    )
+    host_memory: Quantity | None = Field(
+        default=None, description="Container memory request and limit (host RAM)"
+    )
+    cpu: Quantity | None = Field(default=None, description="Container CPU request")
+    node_selector: dict[LabelKey, str] | None = Field(
+        default=None, description="Node labels of the GPU pool"
+    )
+    tolerations: tuple[Toleration, ...] | None = Field(
+        default=None, description="Tolerations for tainted GPU nodes"
+    )
+
+
+class ProfileOverride(_ProfileSettings):
+    """A tenant's changes to one profile."""
+
+
+class Profile(_ProfileSettings):
+    """A named GPU profile: how much GPU a matched workload gets, and how it is scheduled."""
+
+    name: ProfileName
+    gpu_share: bool | None = Field(
+        default=True,
+        description="true: a fraction of a shared GPU; false: whole GPUs used exclusively",
+    )
+    gpus: int | None = Field(
+        default=1,
+        ge=0,
+        le=64,
+        description="GPUs per container: whole GPUs when exclusive, shared slices when shared; "
+        "0 gives the step no GPU",
+    )
+    overcommit_ratio: float | None = Field(
+        default=1.0,
+        ge=1.0,
+        le=16.0,
+        description="The scheduler reserves maxMemory / overcommitRatio; the cap stays maxMemory. "
+        "Must be 1.0 for exclusive profiles",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-2147483648,
+        le=1000000000,
+        description="PriorityClass value (user classes may not exceed 1000000000)",
+    )
+    preemptible: bool = Field(
+        default=False,
+        description="May be preempted; its PriorityClass then never preempts others",
+    )
+    priority_class_name: ProfileName | None = Field(
+        default=None,
+        description="PriorityClass to use instead of the derived gpuwarden-<profile>",
+    )
+    backend: Backend | None = Field(
+        default=None, description="Scheduler backend for this profile instead of the policy's"
+    )
+
+    @property
+    def derived_priority_class(self) -> str:
+        return self.priority_class_name or f"gpuwarden-{self.name}"
+
+
+# --- Workload matchers (tagged by `kind`) --------------------------------------------------
+
+
+class KfpStepMatch(StrictModel):
+    """A Kubeflow Pipelines v2 user-code step (Argo template system-container-impl)."""
+
+    kind: Literal["kfp-step"] = "kfp-step"
+    task_names: tuple[str, ...] = Field(
+        default=(), description="Pipeline task names or shell-style globs; empty matches any step"
+    )
+
+
+class KfpSystemMatch(StrictModel):
+    """A Kubeflow Pipelines v2 driver or importer pod: never user code, never a GPU."""
+
+    kind: Literal["kfp-system"] = "kfp-system"
+
+
+class TrainingJobMatch(StrictModel):
+    """A Training Operator (v1) job replica: PyTorchJob, TFJob, MPIJob, XGBoostJob, ..."""
+
+    kind: Literal["training-job"] = "training-job"
+    replica_types: tuple[str, ...] = Field(
+        default=(), description="Replica types (master, worker, ...); empty matches all"
+    )
+
+
+class TrainJobMatch(StrictModel):
+    """A Kubeflow Trainer v2 TrainJob pod (a JobSet replicated job)."""
+
+    kind: Literal["trainjob"] = "trainjob"
+    replicated_jobs: tuple[str, ...] = Field(
+        default=("node",), description="JobSet replicated-job names to match"
+    )
+
+
+class KatibTrialMatch(StrictModel):
+    """A Katib trial pod."""
+
+    kind: Literal["katib-trial"] = "katib-trial"
+    experiments: tuple[str, ...] = Field(
+        default=(), description="Experiment names or globs; empty matches all"
+    )
+
+
+class NotebookMatch(StrictModel):
+    """A Kubeflow Notebook server pod."""
+
+    kind: Literal["notebook"] = "notebook"
+
+
+class KservePredictorMatch(StrictModel):
+    """A KServe InferenceService predictor pod."""
+
+    kind: Literal["kserve-predictor"] = "kserve-predictor"
+    inference_services: tuple[str, ...] = Field(
+        default=(), description="InferenceService names or globs; empty matches all"
+    )
+
+
+class SelectorMatch(StrictModel):
+    """Generic match on pod labels, pod annotations and namespaces; every given part must hold."""
+
+    kind: Literal["selector"] = "selector"
+    labels: LabelSelector | None = None
+    annotations: dict[str, str] = Field(default_factory=dict)
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: LabelSelector | None = None
+
+
+Matcher = Annotated[
+    KfpStepMatch
+    | KfpSystemMatch
+    | TrainingJobMatch
+    | TrainJobMatch
+    | KatibTrialMatch
+    | NotebookMatch
+    | KservePredictorMatch
+    | SelectorMatch,
+    Field(discriminator="kind"),
+]
+
+
+class WorkloadRule(StrictModel):
+    """Maps matching pods to a profile; rules are tried in order and the first match wins."""
+
+    name: ProfileName
+    match: Matcher
+    profile: ProfileName | None = Field(default=None, description="Profile to apply")
+    skip: bool = Field(default=False, description="Leave matching pods untouched")
+    containers: tuple[str, ...] = Field(
+        default=(),
+        description="Containers that get the GPU; default: the workload's main container",
+    )
+
+    @model_validator(mode="after")
+    def _profile_or_skip(self) -> WorkloadRule:
+        if self.skip and self.profile:
+            raise ValueError("a rule either names a profile or sets skip: true, not both")
+        if not self.skip and not self.profile:
+            raise ValueError("a rule needs a profile (or skip: true)")
+        return self
+
+
+# --- Tenants -------------------------------------------------------------------------------
+
+
+class Enforcement(StrictModel):
+    """Which validating checks apply to a tenant; all are on by default."""
+
+    tenant_limits: bool = True
+    environment: bool = Field(
+        default=True,
+        description="Deny user-set NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, CUDA_MPS_*",
+    )
+    host_paths: bool = Field(
+        default=True, description="Deny hostPath volumes to MPS directories and /dev/nvidia*"
+    )
+    privileged: bool = Field(default=True, description="Deny privileged containers")
+    host_namespaces: bool = Field(default=True, description="Deny hostIPC and hostPID")
+    scheduling: bool = Field(
+        default=True,
+        description="Deny a schedulerName or GPU-share settings that contradict the policy",
+    )
+    gpu_memory_quota: bool = True
+
+
+class TenantLimits(StrictModel):
+    allowed_profiles: tuple[ProfileName, ...] | None = Field(
+        default=None, description="Profiles the tenant may use; unset allows all"
+    )
+    max_gpus_per_pod: int | None = Field(default=None, ge=0)
+    max_gpu_memory_per_pod: Quantity | None = None
+    require_shared: bool = Field(default=False, description="Deny whole-GPU (exclusive) requests")
+    gpu_memory_quota: Quantity | None = Field(
+        default=None,
+        description="GPU memory the tenant's live pods may reserve together; the admitted "
+        "total may reach quota x the profile's overcommitRatio",
+    )
+
+
+class Tenant(StrictModel):
+    """One or more namespaces governed together."""
+
+    name: ProfileName
+    namespaces: tuple[str, ...] = ()
+    namespace_selector: LabelSelector | None = Field(
+        default=None,
+        description="Kubeflow Profile namespaces carry app.kubernetes.io/part-of: kubeflow-profile",
+    )
+    overrides: dict[ProfileName, ProfileOverride] = Field(default_factory=dict)
+    limits: TenantLimits = Field(default_factory=TenantLimits)
+    enforcement: Enforcement = Field(default_factory=Enforcement)
+    allow_profile_label: bool = Field(
+        default=True, description=f"Honour the pod label {keys.PROFILE_LABEL}"
+    )
+    queue: str | None = Field(default=None, description="Volcano queue for this tenant's pods")
+
+    @model_validator(mode="after")
+    def _has_scope(self) -> Tenant:
+        if not self.namespaces and self.namespace_selector is None:
+            raise ValueError("a tenant needs namespaces or a namespaceSelector")
+        return self
+
+
+class MpsSettings(StrictModel):
+    pipe_directory: str = keys.DEFAULT_MPS_PIPE_DIRECTORY
+    log_directory: str = keys.DEFAULT_MPS_LOG_DIRECTORY
+
+
+class PolicySpec(StrictModel):
+    backend: Backend = Field(
+        default_factory=VolcanoBackend, description="Default scheduler backend"
+    )
+    profiles: tuple[Profile, ...] = ()
+    workloads: tuple[WorkloadRule, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
+    default_profile: ProfileName | None = Field(
+        default=None,
+        description="Profile for pods that request a GPU but match no rule",
+    )
+    mps: MpsSettings = Field(default_factory=MpsSettings)
+
+
+class ObjectMeta(StrictModel):
+    """The part of ObjectMeta a policy uses; server-set fields (uid, resourceVersion) are dropped."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: ProfileName
+    namespace: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+class GPUPolicy(BaseModel):
+    """A GPUPolicy document. Unknown metadata fields are ignored as Kubernetes does."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    api_version: Literal["gpuwarden.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["GPUPolicy"]
+    metadata: ObjectMeta
+    spec: PolicySpec

@@ -1,0 +1,241 @@
+"""The mutating decision: a pod in, the JSON Patch that gives it its profile out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from decimal import Decimal
+from typing import Any
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan, plan_for
+from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
+from gpuwarden.policy.patch import PatchBuilder
+from gpuwarden.policy.placement import Placement, place
+from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.quantity import QuantityError, format_bytes, parse_non_negative
+from gpuwarden.policy.resources import ContainerRef, annotations_of, containers, is_gpu_resource
+
+
+def _is_pod(obj: Mapping[str, Any]) -> bool:
+    return obj.get("kind", "Pod") == "Pod" and isinstance(obj.get("spec"), Mapping)
+
+
+def _ratio_text(ratio: float) -> str:
+    return f"{ratio:g}"
+
+
+def desired_annotations(placement: Placement, plan: BackendPlan | None) -> dict[str, str]:
+    profile = placement.profile
+    assert profile is not None
+    out = {
+        keys.ANNOTATION_PROFILE: profile.name,
+        keys.ANNOTATION_POLICY: profile.policy,
+        keys.ANNOTATION_RULE: placement.origin,
+        keys.ANNOTATION_CONTAINERS: ",".join(placement.containers),
+    }
+    if placement.tenant is not None:
+        out[keys.ANNOTATION_TENANT] = placement.tenant.name
+    if plan is None:
+        out[keys.ANNOTATION_GPU_COUNT] = "0"
+        return out
+    out |= {
+        keys.ANNOTATION_BACKEND: profile.backend.type,
+        keys.ANNOTATION_GPU_COUNT: str(profile.gpus),
+        keys.ANNOTATION_GPU_SHARED: "true" if profile.gpu_share else "false",
+        keys.ANNOTATION_PREEMPTIBLE: "true" if profile.preemptible else "false",
+    }
+    if profile.max_memory is not None:
+        out[keys.ANNOTATION_GPU_MEMORY_LIMIT] = format_bytes(profile.max_memory)
+        reserved = profile.reserved_memory
+        assert reserved is not None
+        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_bytes(reserved)
+        out[keys.ANNOTATION_OVERCOMMIT_RATIO] = _ratio_text(profile.overcommit_ratio)
+    if profile.thread_percentage is not None:
+        out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
+    return out | dict(plan.annotations)
+
+
+def plan(placement: Placement) -> BackendPlan | None:
+    """The backend plan, or None for a profile that gives no GPU."""
+    profile = placement.profile
+    if profile is None or profile.gpus == 0:
+        return None
+    queue = placement.tenant.queue if placement.tenant is not None else None
+    return plan_for(profile, queue=queue)
+
+
+def _set_resources(
+    patch: PatchBuilder, ref: ContainerRef, wanted: Mapping[str, str], profile: ResolvedProfile
+) -> None:
+    base = [*ref.path, "resources"]
+    for section in ("limits", "requests"):
+        current = patch.get([*base, section])
+        if isinstance(current, Mapping):
+            for name in sorted(current):
+                if is_gpu_resource(str(name)) and name not in wanted:
+                    patch.remove([*base, section, name])
+    # Extended resources cannot be overcommitted: request and limit are always equal.
+    for name, value in wanted.items():
+        patch.set([*base, "limits", name], value)
+        patch.set([*base, "requests", name], value)
+    if profile.host_memory is not None:
+        patch.set([*base, "limits", "memory"], profile.host_memory)
+        patch.set([*base, "requests", "memory"], profile.host_memory)
+    if profile.cpu is not None:
+        patch.set([*base, "requests", "cpu"], profile.cpu)
+
+
+def _set_env(patch: PatchBuilder, ref: ContainerRef, env: Mapping[str, str]) -> None:
+    path = [*ref.path, "env"]
+    for name, value in env.items():
+        current = patch.get(path)
+        entries = current if isinstance(current, list) else []
+        index = next(
+            (i for i, e in enumerate(entries) if isinstance(e, Mapping) and e.get("name") == name),
+            None,
+        )
+        if index is None:
+            patch.append(path, {"name": name, "value": value})
+        else:
+            patch.set_list_item(path, index, {"name": name, "value": value})
+
+
+def _set_scheduler(
+    patch: PatchBuilder, plan: BackendPlan, profile: ResolvedProfile, notes: list[str]
+) -> None:
+    wanted = plan.scheduler_name
+    if wanted is None:
+        return
+    current = patch.get(["spec", "schedulerName"])
+    if current in (None, "", DEFAULT_SCHEDULER, wanted):
+        patch.set(["spec", "schedulerName"], wanted)
+    elif profile.backend.foreign_scheduler == "replace":
+        patch.set(["spec", "schedulerName"], wanted)
+        notes.append(f"replaced schedulerName {current} with {wanted}")
+    else:
+        notes.append(f"kept schedulerName {current} set by another controller (policy: keep)")
+
+
+def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: ClusterView) -> None:
+    known = cluster.priority_classes.get(profile.priority_class_name)
+    value = known.value if known is not None else profile.priority
+    preemption = known.preemption_policy if known is not None else profile.preemption_policy
+    # The Priority admission plugin runs again after webhooks and rejects a pod whose priority
+    # or preemptionPolicy disagrees with its class, so all three change together.
+    patch.set(["spec", "priorityClassName"], profile.priority_class_name)
+    patch.set(["spec", "priority"], value)
+    patch.set(["spec", "preemptionPolicy"], preemption)
+
+
+def _set_placement(patch: PatchBuilder, profile: ResolvedProfile) -> None:
+    for key, value in sorted(profile.node_selector.items()):
+        patch.set(["spec", "nodeSelector", key], value)
+    for toleration in profile.tolerations:
+        wanted = toleration.model_dump(by_alias=True, exclude_none=True)
+        current = patch.get(["spec", "tolerations"])
+        if not isinstance(current, list) or wanted not in current:
+            patch.append(["spec", "tolerations"], wanted)
+
+
+def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
+    profile = placement.profile
+    assert profile is not None
+    who = f"tenant {placement.tenant.name}" if placement.tenant else "no tenant"
+    lines = [f"gpuwarden: profile {profile.name} via {placement.origin} ({who})"]
+    target = ",".join(placement.containers)
+    if plan is None:
+        lines.append(f"gpuwarden: {target}: no GPU for this profile")
+    elif profile.gpu_share:
+        cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
+        reserved = profile.reserved_memory
+        extra = f", {format_bytes(reserved)} reserved" if reserved is not None else ""
+        lines.append(
+            f"gpuwarden: {target}: {profile.gpus} shared GPU, {cap} GPU-memory cap{extra} "
+            f"on {profile.backend.type}"
+        )
+    else:
+        lines.append(f"gpuwarden: {target}: {profile.gpus} whole GPU(s) on {profile.backend.type}")
+    lines.append(
+        f"gpuwarden: priorityClassName {profile.priority_class_name} (priority {profile.priority})"
+    )
+    if profile.overridden:
+        lines.append(
+            f"gpuwarden: tenant override of {', '.join(profile.overridden)} for {profile.name}"
+        )
+    return lines
+
+
+def apply_placement(
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+) -> tuple[PatchBuilder, list[str]]:
+    """Apply a governed placement to a copy of the pod; returns the builder and notes."""
+    profile = placement.profile
+    assert profile is not None
+    patch = PatchBuilder(pod)
+    notes: list[str] = []
+    backend_plan = plan(placement)
+    targets = set(placement.containers)
+    for ref in containers(pod, "containers"):
+        if ref.name not in targets:
+            continue
+        _set_resources(patch, ref, backend_plan.resources if backend_plan else {}, profile)
+        if backend_plan is not None:
+            _set_env(patch, ref, backend_plan.env)
+    if backend_plan is not None:
+        _set_scheduler(patch, backend_plan, profile, notes)
+        notes += backend_plan.notes
+    for key, value in desired_annotations(placement, backend_plan).items():
+        patch.set(["metadata", "annotations", key], value)
+    _set_priority(patch, profile, cluster)
+    _set_placement(patch, profile)
+    return patch, notes
+
+
+def context_of(placement: Placement) -> Decision:
+    """An allowed, empty decision that names the tenant, profile and rule (for logs and metrics)."""
+    return Decision(
+        tenant=placement.tenant.name if placement.tenant else None,
+        profile=placement.profile.name if placement.profile else None,
+        rule=placement.origin,
+    )
+
+
+def mutate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
+    pod = request.pod
+    if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
+        return Decision()
+    placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
+    base = context_of(placement)
+    if placement.problems:
+        return replace(base, warnings=tuple(warning(f"gpuwarden: {p}") for p in placement.problems))
+    if not placement.governed:
+        return base
+    patch, notes = apply_placement(pod, placement, cluster)
+    if not patch.ops:
+        return base
+    lines = _summary(placement, plan(placement)) + [f"gpuwarden: {note}" for note in notes]
+    audit = {"profile": str(base.profile), "rule": placement.origin}
+    if placement.tenant is not None:
+        audit["tenant"] = placement.tenant.name
+    return replace(
+        base,
+        patch=tuple(patch.ops),
+        warnings=tuple(warning(line) for line in lines),
+        audit_annotations=audit,
+    )
+
+
+def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:
+    """GPU memory a mutated pod holds against its tenant's quota: its cap per GPU container."""
+    annotations = annotations_of(pod)
+    cap = annotations.get(keys.ANNOTATION_GPU_MEMORY_LIMIT)
+    names = [n for n in annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",") if n]
+    gpus = annotations.get(keys.ANNOTATION_GPU_COUNT, "1")
+    if cap is None:
+        return Decimal(0)
+    try:
+        per_container = parse_non_negative(cap) * max(int(gpus), 1)
+    except (QuantityError, ValueError):
+        return Decimal(0)
+    return per_container * max(len(names), 1)

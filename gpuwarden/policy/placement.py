@@ -1,0 +1,140 @@
+"""Resolution: which tenant, which rule, which profile and which containers a pod gets."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.matchers import MatchResult, PodFacts, match
+from gpuwarden.policy.model import Tenant, WorkloadRule
+from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.resources import (
+    annotations_of,
+    containers,
+    labels_of,
+    requests_gpu,
+)
+from gpuwarden.policy.workloads import SIDECARS, Workload, identify
+
+Source = Literal["rule", "label", "default", "skip", "none"]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The outcome of resolution, with the trace `explain` prints."""
+
+    source: Source
+    tenant: Tenant | None
+    workload: Workload | None
+    rule: WorkloadRule | None
+    profile: ResolvedProfile | None
+    containers: tuple[str, ...]
+    problems: tuple[str, ...]
+    trace: tuple[tuple[str, MatchResult], ...]
+    tenant_reason: str
+
+    @property
+    def governed(self) -> bool:
+        return self.profile is not None and not self.problems
+
+    @property
+    def origin(self) -> str:
+        """How the profile was chosen, for annotations and messages."""
+        if self.source == "rule" and self.rule is not None:
+            return f"rule/{self.rule.name}"
+        return self.source
+
+
+def _tenant(
+    policies: PolicySet, namespace: str, labels: Mapping[str, str]
+) -> tuple[Tenant | None, str]:
+    tenant = policies.tenant_for(namespace, labels)
+    if tenant is None:
+        return None, f"namespace {namespace} belongs to no tenant"
+    how = "by name" if namespace in tenant.namespaces else "by namespace labels"
+    return tenant, f"namespace {namespace} is tenant {tenant.name} ({how})"
+
+
+def target_containers(
+    pod: Mapping[str, Any], rule: WorkloadRule | None, workload: Workload | None
+) -> tuple[str, ...]:
+    """The containers that get the GPU: the rule's list, else the workload's main container, else
+    those already asking for a GPU, else the first container that is not a known sidecar."""
+    names = [ref.name for ref in containers(pod, "containers")]
+    if rule is not None and rule.containers:
+        return tuple(name for name in rule.containers if name in names)
+    if workload is not None and workload.container in names:
+        return (workload.container,)
+    asking = tuple(ref.name for ref in containers(pod, "containers") if ref.gpu_resources())
+    if asking:
+        return asking
+    for name in names:
+        if name not in SIDECARS:
+            return (name,)
+    return ()
+
+
+def _label_profile(
+    policies: PolicySet, tenant: Tenant | None, requested: str
+) -> tuple[str | None, str | None]:
+    """(profile, problem) for a pod that names its profile with the gpuwarden.io/profile label."""
+    if requested not in policies.profiles:
+        known = ", ".join(sorted(policies.profiles))
+        return None, (
+            f"label {keys.PROFILE_LABEL}={requested} names no profile; use one of: {known}"
+        )
+    if tenant is not None and not tenant.allow_profile_label:
+        return None, (
+            f"tenant {tenant.name} does not allow choosing a profile; "
+            f"remove the label {keys.PROFILE_LABEL}"
+        )
+    allowed = tenant.limits.allowed_profiles if tenant is not None else None
+    if allowed is not None and requested not in allowed:
+        return None, (
+            f"profile {requested} is not allowed for tenant {tenant.name if tenant else ''}; "
+            f"set {keys.PROFILE_LABEL} to one of: {', '.join(allowed)}"
+        )
+    return requested, None
+
+
+def place(
+    pod: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, str], policies: PolicySet
+) -> Placement:
+    tenant, tenant_reason = _tenant(policies, namespace, namespace_labels)
+    workload = identify(pod)
+    labels = labels_of(pod)
+    facts = PodFacts(namespace, namespace_labels, labels, annotations_of(pod), workload)
+
+    def placed(
+        source: Source,
+        rule: WorkloadRule | None,
+        profile_name: str | None,
+        problems: tuple[str, ...] = (),
+        trace: tuple[tuple[str, MatchResult], ...] = (),
+    ) -> Placement:
+        profile = policies.resolve(profile_name, tenant) if profile_name else None
+        chosen = target_containers(pod, rule, workload) if profile is not None else ()
+        if profile is not None and not chosen:
+            problems += ("no container to give the GPU to (check the rule's containers)",)
+        return Placement(
+            source, tenant, workload, rule, profile, chosen, problems, trace, tenant_reason
+        )
+
+    requested = labels.get(keys.PROFILE_LABEL)
+    if requested:
+        profile_name, problem = _label_profile(policies, tenant, requested)
+        return placed("label", None, profile_name, (problem,) if problem else ())
+
+    trace: list[tuple[str, MatchResult]] = []
+    for rule, _policy in policies.rules:
+        result = match(rule.match, facts)
+        trace.append((rule.name, result))
+        if result.matched:
+            if rule.skip:
+                return placed("skip", rule, None, trace=tuple(trace))
+            return placed("rule", rule, rule.profile, trace=tuple(trace))
+    if policies.default_profile and requests_gpu(pod):
+        return placed("default", None, policies.default_profile, trace=tuple(trace))
+    return placed("none", None, None, trace=tuple(trace))

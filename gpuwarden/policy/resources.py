@@ -1,0 +1,110 @@
+"""Read-only views of a pod's GPU-related resources, as plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Every extended resource by which a container can ask for (part of) an NVIDIA GPU, across the
+# backends gpuwarden knows; a governed container keeps only the ones its backend sets.
+GPU_RESOURCES: frozenset[str] = frozenset(
+    {
+        "nvidia.com/gpu",
+        "nvidia.com/gpu.shared",
+        "nvidia.com/gpumem",
+        "nvidia.com/gpumem-percentage",
+        "nvidia.com/gpucores",
+        "volcano.sh/vgpu-number",
+        "volcano.sh/vgpu-memory",
+        "volcano.sh/vgpu-memory-percentage",
+        "volcano.sh/vgpu-cores",
+        "volcano.sh/gpu-memory",
+        "volcano.sh/gpu-number",
+    }
+)
+# Resources that count devices (whole or shared); the rest size a share of one device.
+GPU_COUNT_RESOURCES: frozenset[str] = frozenset(
+    {"nvidia.com/gpu", "nvidia.com/gpu.shared", "volcano.sh/vgpu-number", "volcano.sh/gpu-number"}
+)
+
+
+def is_gpu_resource(name: str) -> bool:
+    return name in GPU_RESOURCES or name.startswith("nvidia.com/mig-")
+
+
+@dataclass(frozen=True)
+class ContainerRef:
+    """A container of the pod and where it sits in the spec."""
+
+    field: str  # "containers", "initContainers" or "ephemeralContainers"
+    index: int
+    body: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        name = self.body.get("name")
+        return name if isinstance(name, str) else f"#{self.index}"
+
+    @property
+    def path(self) -> list[str | int]:
+        return ["spec", self.field, self.index]
+
+    def resources(self, kind: str) -> Mapping[str, Any]:
+        resources = self.body.get("resources")
+        if not isinstance(resources, Mapping):
+            return {}
+        section = resources.get(kind)
+        return section if isinstance(section, Mapping) else {}
+
+    def gpu_resources(self) -> dict[str, Any]:
+        """GPU resources from limits, then requests (limits win, as Kubernetes defaults them)."""
+        found = {k: v for k, v in self.resources("requests").items() if is_gpu_resource(str(k))}
+        found.update({k: v for k, v in self.resources("limits").items() if is_gpu_resource(str(k))})
+        return found
+
+    def env(self) -> list[Mapping[str, Any]]:
+        env = self.body.get("env")
+        return [e for e in env if isinstance(e, Mapping)] if isinstance(env, list) else []
+
+
+CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
+
+
+def spec_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    spec = pod.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def metadata_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = pod.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def string_map(value: Any) -> dict[str, str]:
+    if not isinstance(value, Mapping):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, str)}
+
+
+def labels_of(pod: Mapping[str, Any]) -> dict[str, str]:
+    return string_map(metadata_of(pod).get("labels"))
+
+
+def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
+    return string_map(metadata_of(pod).get("annotations"))
+
+
+def containers(pod: Mapping[str, Any], *fields: str) -> Iterator[ContainerRef]:
+    spec = spec_of(pod)
+    for field in fields or CONTAINER_FIELDS:
+        items = spec.get(field)
+        if not isinstance(items, list):
+            continue
+        for index, body in enumerate(items):
+            if isinstance(body, Mapping):
+                yield ContainerRef(field, index, body)
+
+
+def requests_gpu(pod: Mapping[str, Any]) -> bool:
+    return any(ref.gpu_resources() for ref in containers(pod))
