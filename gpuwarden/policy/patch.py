@@ -33,9 +33,9 @@ class PatchBuilder:
     def get(self, path: Sequence[str | int]) -> Any:
         node: Any = self.document
         for part in path:
-            if (isinstance(node, dict) and isinstance(part, str) and part in node) or (
-                isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-            ):
+            if isinstance(node, dict) and isinstance(part, str) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
                 node = node[part]
             else:
                 return None
@@ -83,9 +83,10 @@ class PatchBuilder:
         """Remove ``path`` if it exists."""
         parent = self.get(path[:-1]) if len(path) > 1 else self.document
         key = path[-1]
-        if (isinstance(parent, dict) and isinstance(key, str) and key in parent) or (
-            isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent)
-        ):
+        if isinstance(parent, dict) and isinstance(key, str) and key in parent:
+            del parent[key]
+            self._record("remove", path)
+        elif isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent):
             del parent[key]
             self._record("remove", path)
 
