@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Build (only when missing) the binaries the e2e and chart suites need, from Go
+# module sources fetched through the Go module proxy:
+#
+#   kube-apiserver, kubectl  k8s.io/kubernetes   (cmd/kube-apiserver, cmd/kubectl)
+#   etcd                     go.etcd.io/etcd/server/v3
+#   helm                     helm.sh/helm/v4/cmd/helm
+#
+# Binaries land in a cache outside the repository:
+#   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
+# and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
+# KUBECTL= and HELM= lines (absolute paths). Go's module and build caches stay
+# in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are warm.
+#
+# `go install pkg@version` refuses k8s.io/kubernetes (and etcd's server module)
+# because their go.mod files carry replace directives pointing into their own
+# source trees. Instead this script generates a throwaway build module under
+# ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
+# staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
+#
+# Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION; the Go
+# toolchain with GO.
+set -euo pipefail
+shopt -s inherit_errexit
+
+KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.37.2}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+
+cache="${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}"
+mkdir -p "$cache"
+cache="$(cd "$cache" && pwd -P)"
+
+kube_apiserver="$cache/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
+kubectl="$cache/kubectl-$KUBERNETES_VERSION/kubectl"
+etcd="$cache/etcd-$ETCD_VERSION/etcd"
+helm="$cache/helm-$HELM_VERSION/helm"
+
+log() { printf 'build-tools: %s\n' "$*" >&2; }
+
+# The Go toolchain: $GO if set, else go on PATH, else /usr/local/go/bin/go.
+go_bin() {
+	if [[ -n "${GO:-}" ]]; then
+		echo "$GO"
+	elif command -v go >/dev/null 2>&1; then
+		command -v go
+	elif [[ -x /usr/local/go/bin/go ]]; then
+		echo /usr/local/go/bin/go
+	else
+		log "no Go toolchain found (need go on PATH or /usr/local/go/bin/go)"
+		exit 1
+	fi
+}
+
+write_env() {
+	local tmp="$cache/tools.env.tmp.$$"
+	{
+		echo "KUBE_APISERVER=$kube_apiserver"
+		echo "ETCD=$etcd"
+		echo "KUBECTL=$kubectl"
+		echo "HELM=$helm"
+	} >"$tmp"
+	mv -f "$tmp" "$cache/tools.env"
+}
+
+# Elapsed wall-clock time of the last build, printed after each tool.
+timed() {
+	local name="$1"
+	shift
+	local start=$SECONDS
+	log "building $name ..."
+	"$@"
+	log "built $name in $((SECONDS - start))s"
+}
+
+# Build package $3 of the module in build dir $1 into $2 (atomically: a
+# half-written binary never counts as present).
+go_build() {
+	local dir="$1" out="$2" pkg="$3" ldflags="$4"
+	mkdir -p "$(dirname "$out")"
+	(cd "$dir" && GOFLAGS="${GOFLAGS:-} -mod=mod" "$GO" build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
+	mv -f "$out.tmp" "$out"
+}
+
+# Throwaway module that builds k8s.io/kubernetes commands.
+kubernetes_module() {
+	local dir="$cache/.build/kubernetes-$KUBERNETES_VERSION"
+	if [[ -f "$dir/go.mod" ]]; then
+		echo "$dir"
+		return
+	fi
+	local staging_version="v0.${KUBERNETES_VERSION#v1.}"
+	local gomod
+	gomod="$("$GO" mod download -json "k8s.io/kubernetes@$KUBERNETES_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+	[[ -f "$gomod" ]] || {
+		log "could not locate go.mod of k8s.io/kubernetes@$KUBERNETES_VERSION"
+		exit 1
+	}
+	local go_directive
+	go_directive="$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")"
+	rm -rf "$dir.tmp"
+	mkdir -p "$dir.tmp"
+	{
+		echo "module gpuwarden.local/build/kubernetes"
+		echo
+		echo "go ${go_directive:-1.26.0}"
+		echo
+		echo "require k8s.io/kubernetes $KUBERNETES_VERSION"
+		echo
+		echo "replace ("
+		# Staging modules are required as "k8s.io/<name> v0.0.0" and replaced
+		# with ./staging/src/k8s.io/<name> in the kubernetes go.mod.
+		sed -n 's#^[[:space:]]*\(k8s\.io/[A-Za-z0-9._-]*\) v0\.0\.0$#\1#p' "$gomod" |
+			sort -u | while read -r m; do
+			echo "	$m => $m $staging_version"
+		done
+		echo ")"
+	} >"$dir.tmp/go.mod"
+	mv "$dir.tmp" "$dir"
+	echo "$dir"
+}
+
+etcd_module() {
+	local dir="$cache/.build/etcd-$ETCD_VERSION"
+	if [[ ! -f "$dir/go.mod" ]]; then
+		rm -rf "$dir.tmp"
+		mkdir -p "$dir.tmp"
+		# etcd's server go.mod pins its sibling modules at the same version, so
+		# requiring it is enough; its own replace directives do not apply here.
+		printf 'module gpuwarden.local/build/etcd\n\ngo 1.26.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' \
+			"$ETCD_VERSION" >"$dir.tmp/go.mod"
+		mv "$dir.tmp" "$dir"
+	fi
+	echo "$dir"
+}
+
+kube_ldflags() {
+	local v="$KUBERNETES_VERSION" major minor flags="-s -w"
+	major="${v#v}"
+	major="${major%%.*}"
+	minor="${v#v*.}"
+	minor="${minor%%.*}"
+	for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+		flags+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+		flags+=" -X $pkg.gitTreeState=clean"
+	done
+	echo "$flags"
+}
+
+build_etcd() {
+	local dir
+	dir="$(etcd_module)"
+	go_build "$dir" "$etcd" go.etcd.io/etcd/server/v3 "-s -w"
+}
+
+build_kube() {
+	local out="$1" pkg="$2" dir
+	dir="$(kubernetes_module)"
+	go_build "$dir" "$out" "$pkg" "$(kube_ldflags)"
+}
+
+build_helm() {
+	local bindir
+	bindir="$(dirname "$helm")"
+	mkdir -p "$bindir"
+	GOBIN="$bindir" "$GO" install -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+		"helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
+}
+
+# Everything runs inside main, which bash parses whole before running, so editing this file
+# while a (long) build is in progress cannot derail that build.
+main() {
+	# Serialise concurrent runs (e.g. `make test` and the pytest fixture) on one cache.
+	exec 9>"$cache/.lock"
+	flock 9
+
+	# Fast path: everything cached, nothing to build, no Go invocation at all.
+	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" ]]; then
+		write_env
+		log "all tools cached in $cache"
+		cat "$cache/tools.env"
+		return 0
+	fi
+
+	GO="$(go_bin)"
+	export CGO_ENABLED=0
+
+	# Sequential on purpose: the Go compiler already uses every core.
+	local total=$SECONDS
+	if [[ ! -x "$etcd" ]]; then
+		timed "etcd $ETCD_VERSION" build_etcd
+	fi
+	if [[ ! -x "$kube_apiserver" ]]; then
+		timed "kube-apiserver $KUBERNETES_VERSION" build_kube "$kube_apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+	fi
+	if [[ ! -x "$kubectl" ]]; then
+		timed "kubectl $KUBERNETES_VERSION" build_kube "$kubectl" k8s.io/kubernetes/cmd/kubectl
+	fi
+	if [[ ! -x "$helm" ]]; then
+		timed "helm $HELM_VERSION" build_helm
+	fi
+	log "done in $((SECONDS - total))s"
+
+	write_env
+	cat "$cache/tools.env"
+}
+
+main "$@"
+exit

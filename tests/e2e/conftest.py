@@ -1,0 +1,74 @@
+"""Fixtures for the e2e suite: one real control plane per test session."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client as k8s_client
+
+from .controlplane import ControlPlane, Tools, build_tools
+
+_E2E_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/e2e is e2e, so `-m "not e2e"` never starts a control plane."""
+    for item in items:
+        if _E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def e2e_tools(pytestconfig: pytest.Config) -> Tools:
+    """kube-apiserver, etcd, kubectl and helm, built by hack/build-tools.sh if missing.
+
+    Never skips: a cold cache means a long (tens of minutes) build, shown live on the terminal.
+    """
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        return build_tools()
+    with capture.global_and_fixture_disabled():
+        return build_tools(stdout=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def control_plane(e2e_tools: Tools) -> Iterator[ControlPlane]:
+    """etcd + kube-apiserver, started once per session and stopped at its end.
+
+    Set GPUWARDEN_E2E_KEEP=1 to keep the work directory (logs, certificates, kubeconfig).
+    """
+    plane = ControlPlane(e2e_tools, keep_workdir=bool(os.environ.get("GPUWARDEN_E2E_KEEP")))
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture
+def api_client(control_plane: ControlPlane) -> Iterator[k8s_client.ApiClient]:
+    """An admin ApiClient for one test, closed afterwards."""
+    api = control_plane.api_client()
+    try:
+        yield api
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+@pytest.fixture
+def namespace(api_client: k8s_client.ApiClient) -> str:
+    """A fresh, uniquely named namespace.
+
+    It is not deleted afterwards: with no namespace controller running, a deleted namespace
+    would only sit in Terminating, and the unique name keeps tests apart anyway.
+    """
+    name = f"e2e-{uuid.uuid4().hex[:10]}"
+    k8s_client.CoreV1Api(api_client).create_namespace(
+        k8s_client.V1Namespace(metadata=k8s_client.V1ObjectMeta(name=name))
+    )
+    return name
