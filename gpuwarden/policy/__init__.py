@@ -8,10 +8,12 @@ from gpuwarden.policy.decision import (
 )
 from gpuwarden.policy.loader import PolicyError, PolicyIssue, load_paths, load_texts
 from gpuwarden.policy.mutate import admitted_gpu_memory, mutate
+from gpuwarden.policy.pipeline import Admission, admit, apply_patch
 from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
 from gpuwarden.policy.validate import validate
 
 __all__ = [
+    "Admission",
     "AdmissionRequest",
     "ClusterView",
     "Decision",
@@ -20,7 +22,9 @@ __all__ = [
     "PolicySet",
     "PriorityClassInfo",
     "ResolvedProfile",
+    "admit",
     "admitted_gpu_memory",
+    "apply_patch",
     "load_paths",
     "load_texts",
     "mutate",

@@ -75,8 +75,11 @@ class PolicySource:
     source: str
     document: int
     prefix: str = ""
+    bare: bool = False  # a bare profiles.yaml: its fields sit at the top, not under spec
 
     def issue(self, path: str, message: str) -> PolicyIssue:
+        if self.bare:
+            path = path.removeprefix("spec.")
         return PolicyIssue(self.source, self.document, _join(self.prefix, path), message)
 
 
@@ -147,6 +150,7 @@ def _load_document(doc: Any, where: PolicySource, stem: str, out: _Collector) ->
                 )
             )
             return
+        where = PolicySource(where.source, where.document, where.prefix, bare=True)
         doc = {
             "apiVersion": keys.API_VERSION,
             "kind": keys.POLICY_KIND,
@@ -327,9 +331,68 @@ def _cross_check(policies: Sequence[tuple[GPUPolicy, PolicySource]]) -> list[Pol
                     issues.append(
                         where.issue(f"spec.tenants[{i}].limits.allowedProfiles[{j}]", unknown(name))
                     )
+    if not issues:
+        issues += _semantic_check(policies, profiles)
     for name, where in defaults:
         if name not in profiles:
             issues.append(where.issue("spec.defaultProfile", unknown(name)))
     if len(defaults) > 1:
         issues.append(defaults[1][1].issue("spec.defaultProfile", "only one policy may set it"))
+    return issues
+
+
+def settings_problems(
+    gpu_share: bool, gpus: int, max_memory: str | None, overcommit_ratio: float
+) -> list[tuple[str, str]]:
+    """(field, message) for settings that cannot work together."""
+    problems = []
+    if not gpu_share and overcommit_ratio != 1.0:
+        problems.append(
+            (
+                "overcommitRatio",
+                "must be 1.0 for an exclusive profile (gpuShare: false): "
+                "whole GPUs cannot be oversubscribed",
+            )
+        )
+    if gpu_share and gpus > 0 and max_memory is None:
+        problems.append(("maxMemory", "a shared profile needs a GPU-memory cap"))
+    return problems
+
+
+def _semantic_check(
+    policies: Sequence[tuple[GPUPolicy, PolicySource]], profiles: Mapping[str, Profile]
+) -> list[PolicyIssue]:
+    issues: list[PolicyIssue] = []
+    for policy, where in policies:
+        for i, profile in enumerate(policy.spec.profiles):
+            for field_name, message in settings_problems(
+                bool(profile.gpu_share),
+                profile.gpus if profile.gpus is not None else 1,
+                profile.max_memory,
+                profile.overcommit_ratio or 1.0,
+            ):
+                issues.append(where.issue(f"spec.profiles[{i}].{field_name}", message))
+        for i, tenant in enumerate(policy.spec.tenants):
+            for name, override in tenant.overrides.items():
+                base = profiles[name]
+
+                def pick(attr: str, base: Profile = base, override: object = override) -> object:
+                    value = getattr(override, attr)
+                    return getattr(base, attr) if value is None else value
+
+                gpus = pick("gpus")
+                ratio = pick("overcommit_ratio")
+                memory = pick("max_memory")
+                for field_name, message in settings_problems(
+                    bool(pick("gpu_share")),
+                    gpus if isinstance(gpus, int) else 1,
+                    memory if isinstance(memory, str) else None,
+                    ratio if isinstance(ratio, float) else 1.0,
+                ):
+                    issues.append(
+                        where.issue(
+                            f"spec.tenants[{i}].overrides[{name!r}].{field_name}",
+                            f"{message} (after the override of profile {name})",
+                        )
+                    )
     return issues

@@ -13,7 +13,12 @@ from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, w
 from gpuwarden.policy.patch import PatchBuilder
 from gpuwarden.policy.placement import Placement, place
 from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
-from gpuwarden.policy.quantity import QuantityError, format_bytes, parse_non_negative
+from gpuwarden.policy.quantity import (
+    QuantityError,
+    format_bytes,
+    format_mebibytes,
+    parse_non_negative,
+)
 from gpuwarden.policy.resources import ContainerRef, annotations_of, containers, is_gpu_resource
 
 
@@ -49,7 +54,7 @@ def desired_annotations(placement: Placement, plan: BackendPlan | None) -> dict[
         out[keys.ANNOTATION_GPU_MEMORY_LIMIT] = format_bytes(profile.max_memory)
         reserved = profile.reserved_memory
         assert reserved is not None
-        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_bytes(reserved)
+        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_mebibytes(reserved)
         out[keys.ANNOTATION_OVERCOMMIT_RATIO] = _ratio_text(profile.overcommit_ratio)
     if profile.thread_percentage is not None:
         out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
@@ -149,7 +154,7 @@ def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
     elif profile.gpu_share:
         cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
         reserved = profile.reserved_memory
-        extra = f", {format_bytes(reserved)} reserved" if reserved is not None else ""
+        extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
         lines.append(
             f"gpuwarden: {target}: {profile.gpus} shared GPU, {cap} GPU-memory cap{extra} "
             f"on {profile.backend.type}"

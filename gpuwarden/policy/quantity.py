@@ -100,3 +100,8 @@ def format_bytes(amount: Decimal | int) -> str:
 def to_mebibytes(amount: Decimal | int) -> int:
     """Round up to whole MiB, the unit of Volcano's and HAMi's GPU-memory resources."""
     return int((Decimal(amount) / _BINARY["Mi"]).to_integral_value(rounding=ROUND_CEILING))
+
+
+def format_mebibytes(amount: Decimal | int) -> str:
+    """Round up to whole MiB, then print in the shortest binary form: '15754Mi', '8Gi'."""
+    return format_bytes(to_mebibytes(amount) * _BINARY["Mi"])

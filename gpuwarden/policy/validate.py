@@ -1,11 +1,430 @@
-"""The validating decision (being written): judged on the final, mutated pod."""
+"""The validating decision, judged on the final (mutated) pod. Validation never mutates.
+
+Each check is a small function returning the violations it finds; the first violation denies, and
+its message names the field and says what to change. Which checks apply is the tenant's
+``enforcement`` setting (all on by default). The mutator and the validator agree by construction:
+the scheduling check re-runs the mutation on the final pod and reports any field it would still
+change, so a pod the mutator produced is never denied for something the mutator did.
+"""
 
 from __future__ import annotations
 
+import posixpath
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Any
+
+from gpuwarden.policy import keys
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.model import Tenant
+from gpuwarden.policy.mutate import admitted_gpu_memory, apply_placement, context_of, plan
+from gpuwarden.policy.placement import Placement, place
 from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.quantity import QuantityError, format_bytes, parse_count, parse_non_negative
+from gpuwarden.policy.resources import (
+    GPU_COUNT_RESOURCES,
+    ContainerRef,
+    annotations_of,
+    containers,
+    is_gpu_resource,
+    requests_gpu,
+    spec_of,
+)
+
+_MAX_SHOWN = 5
+_FORBIDDEN_ENV = re.compile(r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|CUDA_MPS_.*)$")
+
+
+@dataclass(frozen=True)
+class Violation:
+    check: str  # the enforcement switch that governs it
+    reason: str  # machine-readable, for status.reason and metrics
+    message: str
+
+
+def _where(ref: ContainerRef) -> str:
+    return f"spec.{ref.field}[{ref.name}]"
+
+
+# --- quantities ----------------------------------------------------------------------------
+
+
+def _quantity_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    """Invalid quantities are denied, never silently read as zero."""
+    for ref in containers(pod):
+        for section in ("limits", "requests"):
+            for name, value in ref.resources(section).items():
+                try:
+                    if is_gpu_resource(str(name)):
+                        parse_count(value)
+                    else:
+                        parse_non_negative(value)
+                except QuantityError as exc:
+                    yield Violation(
+                        "quantities",
+                        "InvalidQuantity",
+                        f"{_where(ref)}.resources.{section}[{name}]: {exc}",
+                    )
+
+
+# --- isolation escapes ---------------------------------------------------------------------
+
+
+def _owned_env(placement: Placement) -> Mapping[str, str]:
+    backend_plan = plan(placement) if placement.governed else None
+    return backend_plan.env if backend_plan is not None else {}
+
+
+def _env_violations(
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView, namespace: str
+) -> Iterator[Violation]:
+    owned = _owned_env(placement)
+    targets = set(placement.containers)
+    for ref in containers(pod):
+        mine = owned if ref.field == "containers" and ref.name in targets else {}
+        gpus = _container_gpu_count(ref)
+        for entry in ref.env():
+            name = str(entry.get("name", ""))
+            if _FORBIDDEN_ENV.match(name):
+                if name in mine and entry.get("value") == mine[name] and "valueFrom" not in entry:
+                    continue
+                yield Violation(
+                    "environment",
+                    "GPUIsolationEscape",
+                    f"{_where(ref)}.env[{name}]: setting {name} can escape GPU isolation; "
+                    "remove it (gpuwarden and the device plugin set what is needed)",
+                )
+            elif name == "CUDA_VISIBLE_DEVICES":
+                problem = _visible_devices_problem(str(entry.get("value", "")), gpus)
+                if problem:
+                    yield Violation(
+                        "environment",
+                        "GPUIsolationEscape",
+                        f"{_where(ref)}.env[CUDA_VISIBLE_DEVICES]: {problem}; remove it",
+                    )
+        yield from _env_from_violations(ref, cluster, namespace)
+
+
+def _container_gpu_count(ref: ContainerRef) -> int:
+    total = 0
+    for name, value in ref.gpu_resources().items():
+        if name in GPU_COUNT_RESOURCES:
+            try:
+                total += parse_count(value)
+            except QuantityError:
+                continue
+    return total
+
+
+def _visible_devices_problem(value: str, gpus: int) -> str | None:
+    devices = [d for d in value.replace(" ", "").split(",") if d]
+    if value.strip().lower() in ("all", ""):
+        return "it asks for every GPU on the node" if value.strip() else None
+    if gpus == 0:
+        return "the container requests no GPU, so it must not select GPUs"
+    if len(devices) > gpus:
+        return f"it lists {len(devices)} devices but the container was given {gpus}"
+    return None
+
+
+def _env_from_violations(
+    ref: ContainerRef, cluster: ClusterView, namespace: str
+) -> Iterator[Violation]:
+    sources = ref.body.get("envFrom")
+    if not isinstance(sources, list):
+        return
+    for source in sources:
+        if not isinstance(source, Mapping):
+            continue
+        prefix = str(source.get("prefix") or "")
+        for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            target = source.get(field)
+            if not isinstance(target, Mapping) or not target.get("name"):
+                continue
+            known = cluster.env_source_keys.get((kind, namespace, str(target["name"])))
+            if known is None:
+                if prefix and _FORBIDDEN_ENV.match(prefix + "X"):
+                    yield Violation(
+                        "environment",
+                        "GPUIsolationEscape",
+                        f"{_where(ref)}.envFrom[{target['name']}]: prefix {prefix} makes "
+                        f"{kind} keys into {prefix}* variables; remove the prefix",
+                    )
+                continue
+            for key in sorted(known):
+                if _FORBIDDEN_ENV.match(prefix + key):
+                    yield Violation(
+                        "environment",
+                        "GPUIsolationEscape",
+                        f"{_where(ref)}.envFrom[{target['name']}]: {kind} key {key} sets "
+                        f"{prefix + key}, which can escape GPU isolation; remove that key",
+                    )
+
+
+def _protected_paths(mps_dirs: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(posixpath.normpath(p) for p in mps_dirs)
+
+
+def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> Iterator[Violation]:
+    volumes = spec_of(pod).get("volumes")
+    if not isinstance(volumes, list):
+        return
+    protected = _protected_paths(mps_dirs)
+    for volume in volumes:
+        if not isinstance(volume, Mapping) or not isinstance(volume.get("hostPath"), Mapping):
+            continue
+        raw = str(volume["hostPath"].get("path", ""))
+        path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+        name = str(volume.get("name", "?"))
+        reached = [p for p in protected if path == p or p.startswith(path.rstrip("/") + "/")]
+        if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
+            reached.append("/dev/nvidia*")
+        if reached:
+            yield Violation(
+                "host_paths",
+                "GPUIsolationEscape",
+                f"spec.volumes[{name}].hostPath {raw}: reaches {', '.join(reached)} "
+                "(other tenants' MPS daemons or GPU devices); remove this volume",
+            )
+
+
+def _privilege_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    for ref in containers(pod):
+        context = ref.body.get("securityContext")
+        if isinstance(context, Mapping) and context.get("privileged") is True:
+            yield Violation(
+                "privileged",
+                "GPUIsolationEscape",
+                f"{_where(ref)}.securityContext.privileged: privileged containers see every GPU "
+                "on the node; remove privileged: true",
+            )
+
+
+def _host_namespace_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    spec = spec_of(pod)
+    for field in ("hostIPC", "hostPID"):
+        if spec.get(field) is True:
+            yield Violation(
+                "host_namespaces",
+                "GPUIsolationEscape",
+                f"spec.{field}: sharing the node's {field[4:]} namespace reaches other tenants' "
+                f"GPU processes; remove {field}: true",
+            )
+
+
+# --- policy consistency --------------------------------------------------------------------
+
+
+def _readable(path: str) -> str:
+    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if ("/" in part or "." in part or part.isdigit()) else f".{part}"
+    return out.lstrip(".")
+
+
+def _scheduling_violations(
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+) -> Iterator[Violation]:
+    if not placement.governed:
+        if placement.tenant is not None and placement.source != "skip" and requests_gpu(pod):
+            yield Violation(
+                "scheduling",
+                "NoGPUProfile",
+                "the pod requests a GPU but no gpuwarden rule gives it a profile; set the label "
+                f"{keys.PROFILE_LABEL} to one of: {', '.join(_allowed(placement.tenant, cluster))}",
+            )
+        return
+    desired, _ = apply_placement(pod, placement, cluster)
+    if desired.ops:
+        first = desired.ops[0]
+        field = _readable(str(first["path"]))
+        wanted = first.get("value")
+        profile = placement.profile.name if placement.profile else "?"
+        verb = "must not be set" if first["op"] == "remove" else f"must be {wanted!r}"
+        yield Violation(
+            "scheduling",
+            "PolicyMismatch",
+            f"{field} contradicts profile {profile} ({placement.origin}): it {verb}; "
+            "remove your change and let gpuwarden set it",
+        )
+    targets = set(placement.containers)
+    for ref in containers(pod):
+        if ref.field == "containers" and ref.name in targets:
+            continue
+        if ref.gpu_resources():
+            yield Violation(
+                "scheduling",
+                "PolicyMismatch",
+                f"{_where(ref)} requests {', '.join(sorted(ref.gpu_resources()))} but profile "
+                f"{placement.profile.name if placement.profile else '?'} gives GPUs only to "
+                f"{', '.join(placement.containers)}; remove those resources",
+            )
+
+
+def _allowed(tenant: Tenant | None, cluster: ClusterView) -> list[str]:
+    del cluster
+    if tenant is None or tenant.limits.allowed_profiles is None:
+        return ["<any profile>"]
+    return list(tenant.limits.allowed_profiles)
+
+
+def _tenant_limit_violations(placement: Placement) -> Iterator[Violation]:
+    tenant, profile = placement.tenant, placement.profile
+    if tenant is None or profile is None:
+        return
+    limits = tenant.limits
+    if limits.allowed_profiles is not None and profile.name not in limits.allowed_profiles:
+        yield Violation(
+            "tenant_limits",
+            "TenantLimit",
+            f"profile {profile.name} ({placement.origin}) is not allowed for tenant {tenant.name}; "
+            f"use one of: {', '.join(limits.allowed_profiles)} "
+            f"(label {keys.PROFILE_LABEL})",
+        )
+    count = len(placement.containers)
+    gpus = profile.gpus * count
+    if limits.max_gpus_per_pod is not None and gpus > limits.max_gpus_per_pod:
+        yield Violation(
+            "tenant_limits",
+            "TenantLimit",
+            f"the pod would get {gpus} GPUs (profile {profile.name}) but tenant {tenant.name} "
+            f"allows at most {limits.max_gpus_per_pod} per pod; ask for fewer GPUs",
+        )
+    if limits.max_gpu_memory_per_pod is not None and profile.max_memory is not None:
+        cap = parse_non_negative(limits.max_gpu_memory_per_pod)
+        memory = profile.max_memory * max(profile.gpus, 1) * count
+        if profile.gpus and memory > cap:
+            yield Violation(
+                "tenant_limits",
+                "TenantLimit",
+                f"the pod would get {format_bytes(memory)} of GPU memory (profile "
+                f"{profile.name}) but tenant {tenant.name} allows at most "
+                f"{limits.max_gpu_memory_per_pod} per pod; use a smaller profile",
+            )
+    if limits.require_shared and profile.gpus and not profile.gpu_share:
+        yield Violation(
+            "tenant_limits",
+            "TenantLimit",
+            f"profile {profile.name} gives whole GPUs but tenant {tenant.name} must share GPUs; "
+            f"use a shared profile (label {keys.PROFILE_LABEL})",
+        )
+
+
+def _quota_violations(
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+) -> Iterator[Violation]:
+    tenant, profile = placement.tenant, placement.profile
+    if tenant is None or profile is None or tenant.limits.gpu_memory_quota is None:
+        return
+    wanted = admitted_gpu_memory(pod)
+    if wanted == 0:
+        return
+    quota = parse_non_negative(tenant.limits.gpu_memory_quota)
+    ceiling = quota * Decimal(str(profile.overcommit_ratio))
+    used = cluster.tenant_gpu_memory.get(tenant.name, Decimal(0))
+    if used + wanted > ceiling:
+        yield Violation(
+            "gpu_memory_quota",
+            "TenantGPUMemoryQuota",
+            f"tenant {tenant.name} has {format_bytes(used)} of GPU memory admitted; this pod adds "
+            f"{format_bytes(wanted)}, past its quota {tenant.limits.gpu_memory_quota} x "
+            f"overcommit {profile.overcommit_ratio:g} = {format_bytes(ceiling)}; "
+            "delete idle GPU pods or use a smaller profile",
+        )
+
+
+# --- updates -------------------------------------------------------------------------------
+
+
+def _update_violations(request: AdmissionRequest) -> Iterator[Violation]:
+    """On UPDATE, gpuwarden's own annotations are read by the node agent: nobody may change them."""
+    old = annotations_of(request.old_pod or {})
+    new = annotations_of(request.pod)
+    for key in sorted(set(old) | set(new)):
+        if key.startswith(keys.API_GROUP + "/") and old.get(key) != new.get(key):
+            yield Violation(
+                "scheduling",
+                "PolicyMismatch",
+                f"metadata.annotations[{key}]: gpuwarden's decision annotations cannot be "
+                "changed after admission; revert the change",
+            )
+
+
+def _checks(
+    request: AdmissionRequest, placement: Placement, policies: PolicySet, cluster: ClusterView
+) -> list[tuple[str, Callable[[], Iterator[Violation]]]]:
+    pod = request.pod
+    mps_dirs = tuple(
+        dir_
+        for policy in policies.policies
+        for dir_ in (policy.spec.mps.pipe_directory, policy.spec.mps.log_directory)
+    )
+    if request.operation == "UPDATE" and request.sub_resource == "ephemeralcontainers":
+        # kubectl debug: only the new ephemeral containers can open a hole.
+        return [
+            ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
+            ("privileged", lambda: _privilege_violations(pod)),
+        ]
+    if request.operation == "UPDATE":
+        return [("scheduling", lambda: _update_violations(request))]
+    return [
+        ("quantities", lambda: _quantity_violations(pod)),
+        ("tenant_limits", lambda: _tenant_limit_violations(placement)),
+        ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
+        ("host_paths", lambda: _host_path_violations(pod, mps_dirs)),
+        ("privileged", lambda: _privilege_violations(pod)),
+        ("host_namespaces", lambda: _host_namespace_violations(pod)),
+        ("scheduling", lambda: _scheduling_violations(pod, placement, cluster)),
+        ("gpu_memory_quota", lambda: _quota_violations(pod, placement, cluster)),
+    ]
+
+
+def violations(
+    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
+) -> tuple[Placement, list[Violation]]:
+    """Every violation of the pod, in check order (for `explain` and tests)."""
+    placement = place(
+        request.pod, request.namespace, cluster.labels_for(request.namespace), policies
+    )
+    found: list[Violation] = []
+    if placement.problems and request.operation == "CREATE":
+        found += [Violation("placement", "ProfileSelection", p) for p in placement.problems]
+    tenant = placement.tenant
+    if tenant is None:
+        return placement, found
+    enforcement = tenant.enforcement
+    for check, run in _checks(request, placement, policies, cluster):
+        if check != "quantities" and not getattr(enforcement, check):
+            continue
+        found += list(run())
+    return placement, found
 
 
 def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
-    del request, policies, cluster
-    return Decision()
+    pod = request.pod
+    if request.operation not in ("CREATE", "UPDATE") or not isinstance(pod.get("spec"), Mapping):
+        return Decision()
+    if pod.get("kind", "Pod") != "Pod":
+        return Decision()
+    if request.sub_resource not in ("", "ephemeralcontainers"):
+        return Decision()
+    placement, found = violations(request, policies, cluster)
+    base = context_of(placement)
+    if not found:
+        return base
+    first = found[0]
+    policy = placement.profile.policy if placement.profile else ",".join(policies.names)
+    shown = "; ".join(v.message for v in found[:_MAX_SHOWN])
+    more = f"; and {len(found) - _MAX_SHOWN} more" if len(found) > _MAX_SHOWN else ""
+    return replace(
+        base,
+        allowed=False,
+        code=403,
+        reason=first.reason,
+        message=f"gpuwarden denied the pod: {shown}{more} "
+        f"[policy {policy}, check {first.check}, {placement.origin}]",
+        audit_annotations={"denied-by": first.check, "reason": first.reason},
+    )

@@ -1,0 +1,79 @@
+"""`gpuwarden apply`: what the webhooks would do to pods, offline."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+
+import yaml
+
+from gpuwarden.commands._inputs import (
+    InputError,
+    cluster_view,
+    eprint,
+    load_namespaces,
+    load_policies,
+    read_pods,
+)
+from gpuwarden.policy import admit
+
+HELP = "Show what gpuwarden would do to pods (the mutated pod, the patch or a diff) and the verdict"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="Pod or AdmissionReview (- for stdin)"
+    )
+    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
+    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
+    parser.add_argument("--namespace", "-n", metavar="NS", help="Namespace for every pod")
+    parser.add_argument("-o", "--output", choices=("yaml", "json", "patch", "diff"), default="yaml")
+
+
+def dump_yaml(obj: object) -> str:
+    return yaml.safe_dump(obj, sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = load_policies(args.policies)
+    if policies is None:
+        return 2
+    try:
+        cluster = cluster_view(load_namespaces(args.namespaces))
+        inputs = read_pods(args.files, args.namespace)
+    except InputError as exc:
+        eprint(f"error: {exc}")
+        return 2
+    denied = False
+    pods: list[object] = []
+    for item in inputs:
+        result = admit(item.request, policies, cluster)
+        for line in result.warnings:
+            eprint(f"warning: {item.label}: {line}")
+        decision = result.mutation
+        how = f"profile {decision.profile} via {decision.rule}" if decision.profile else "untouched"
+        if result.allowed:
+            eprint(f"{item.label}: allowed ({how})")
+        else:
+            denied = True
+            eprint(f"{item.label}: denied: {result.validation.message}")
+        if args.output == "patch":
+            sys.stdout.write(decision.patch_bytes().decode() + "\n")
+        elif args.output == "diff":
+            before = dump_yaml(dict(item.request.pod)).splitlines(keepends=True)
+            after = dump_yaml(dict(result.pod)).splitlines(keepends=True)
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    before, after, f"{item.source} (original)", f"{item.source} (mutated)"
+                )
+            )
+        else:
+            pods.append(dict(result.pod))
+    if args.output == "json":
+        out = pods[0] if len(pods) == 1 else {"apiVersion": "v1", "kind": "List", "items": pods}
+        sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
+    elif args.output == "yaml":
+        sys.stdout.write("---\n".join(dump_yaml(pod) for pod in pods))
+    return 1 if denied else 0

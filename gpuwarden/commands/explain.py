@@ -1,0 +1,89 @@
+"""`gpuwarden explain`: which tenant, rule and profile a pod gets, and why the others did not match."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuwarden.commands._inputs import (
+    InputError,
+    cluster_view,
+    eprint,
+    load_namespaces,
+    load_policies,
+    read_pods,
+)
+from gpuwarden.policy import admit
+from gpuwarden.policy.placement import place
+from gpuwarden.policy.quantity import format_bytes
+
+HELP = "Explain which tenant, rule and profile a pod gets, and why other rules did not match"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar="POD", help="Pod or AdmissionReview (- for stdin)"
+    )
+    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
+    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
+    parser.add_argument("--namespace", "-n", metavar="NS")
+
+
+def run(args: argparse.Namespace) -> int:
+    policies = load_policies(args.policies)
+    if policies is None:
+        return 2
+    try:
+        cluster = cluster_view(load_namespaces(args.namespaces))
+        inputs = read_pods(args.files, args.namespace)
+    except InputError as exc:
+        eprint(f"error: {exc}")
+        return 2
+    out = sys.stdout
+    denied = False
+    for item in inputs:
+        request = item.request
+        placement = place(
+            request.pod, request.namespace, cluster.labels_for(request.namespace), policies
+        )
+        result = admit(request, policies, cluster)
+        out.write(f"pod {item.label} ({item.source})\n")
+        out.write(f"  tenant:   {placement.tenant_reason}\n")
+        workload = placement.workload
+        out.write(
+            f"  workload: {workload.describe() + ' [' + workload.evidence + ']' if workload else 'not a Kubeflow workload'}\n"
+        )
+        out.write("  rules:\n")
+        for name, verdict in placement.trace:
+            mark = "MATCH" if verdict.matched else "  -  "
+            out.write(f"    {mark} {name}: {verdict.reason}\n")
+        if not placement.trace:
+            out.write("    (no rule was tried)\n")
+        profile = placement.profile
+        if profile is None:
+            what = {"skip": "untouched (the rule says skip)", "label": "none"}.get(
+                placement.source, "none: the pod is left untouched"
+            )
+            out.write(f"  profile:  {what}\n")
+        else:
+            cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "-"
+            out.write(
+                f"  profile:  {profile.name} via {placement.origin} (policy {profile.policy})\n"
+            )
+            out.write(
+                f"            {'shared' if profile.gpu_share else 'exclusive'}, {profile.gpus} GPU, cap {cap}, "
+                f"overcommit {profile.overcommit_ratio:g}, backend {profile.backend.type}, "
+                f"priority {profile.priority_class_name}={profile.priority}\n"
+            )
+            if profile.overridden:
+                out.write(f"            tenant overrides: {', '.join(profile.overridden)}\n")
+            out.write(f"  containers: {', '.join(placement.containers) or '-'}\n")
+        for problem in placement.problems:
+            out.write(f"  problem:  {problem}\n")
+        out.write(f"  changes:  {len(result.mutation.patch)} patch operation(s)\n")
+        if result.allowed:
+            out.write("  verdict:  allowed\n")
+        else:
+            denied = True
+            out.write(f"  verdict:  denied: {result.validation.message}\n")
+    return 1 if denied else 0

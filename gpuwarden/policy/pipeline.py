@@ -1,0 +1,43 @@
+"""Admission as the API server runs it: mutate, apply the patch, then validate the final pod."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import jsonpatch
+
+from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.mutate import mutate
+from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.validate import validate
+
+
+@dataclass(frozen=True)
+class Admission:
+    mutation: Decision
+    validation: Decision
+    pod: Mapping[str, Any]  # the pod after the mutation
+
+    @property
+    def allowed(self) -> bool:
+        return self.mutation.allowed and self.validation.allowed
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.mutation.warnings + self.validation.warnings
+
+
+def apply_patch(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
+    if not decision.patch:
+        return dict(pod)
+    result: dict[str, Any] = jsonpatch.apply_patch(dict(pod), list(decision.patch))
+    return result
+
+
+def admit(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
+    mutation = mutate(request, policies, cluster)
+    pod = apply_patch(request.pod, mutation)
+    validation = validate(replace(request, pod=pod), policies, cluster)
+    return Admission(mutation, validation, pod)
