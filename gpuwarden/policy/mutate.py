@@ -80,15 +80,13 @@ def _set_resources(
             for name in sorted(current):
                 if is_gpu_resource(str(name)) and name not in wanted:
                     patch.remove([*base, section, name])
-    # Extended resources cannot be overcommitted: request and limit are always equal.
-    for name, value in wanted.items():
-        patch.set([*base, "limits", name], value)
-        patch.set([*base, "requests", name], value)
-    if profile.host_memory is not None:
-        patch.set([*base, "limits", "memory"], profile.host_memory)
-        patch.set([*base, "requests", "memory"], profile.host_memory)
-    if profile.cpu is not None:
-        patch.set([*base, "requests", "cpu"], profile.cpu)
+        # Extended resources cannot be overcommitted: request and limit are always equal.
+        values = dict(wanted)
+        if profile.host_memory is not None:
+            values["memory"] = profile.host_memory
+        if section == "requests" and profile.cpu is not None:
+            values["cpu"] = profile.cpu
+        patch.merge([*base, section], values)
 
 
 def _set_env(patch: PatchBuilder, ref: ContainerRef, env: Mapping[str, str]) -> None:
@@ -114,9 +112,9 @@ def _set_scheduler(
         return
     current = patch.get(["spec", "schedulerName"])
     if current in (None, "", DEFAULT_SCHEDULER, wanted):
-        patch.set(["spec", "schedulerName"], wanted)
+        patch.merge(["spec"], {"schedulerName": wanted})
     elif profile.backend.foreign_scheduler == "replace":
-        patch.set(["spec", "schedulerName"], wanted)
+        patch.merge(["spec"], {"schedulerName": wanted})
         notes.append(f"replaced schedulerName {current} with {wanted}")
     else:
         notes.append(f"kept schedulerName {current} set by another controller (policy: keep)")
@@ -128,14 +126,18 @@ def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: Cluste
     preemption = known.preemption_policy if known is not None else profile.preemption_policy
     # The Priority admission plugin runs again after webhooks and rejects a pod whose priority
     # or preemptionPolicy disagrees with its class, so all three change together.
-    patch.set(["spec", "priorityClassName"], profile.priority_class_name)
-    patch.set(["spec", "priority"], value)
-    patch.set(["spec", "preemptionPolicy"], preemption)
+    patch.merge(
+        ["spec"],
+        {
+            "priorityClassName": profile.priority_class_name,
+            "priority": value,
+            "preemptionPolicy": preemption,
+        },
+    )
 
 
 def _set_placement(patch: PatchBuilder, profile: ResolvedProfile) -> None:
-    for key, value in sorted(profile.node_selector.items()):
-        patch.set(["spec", "nodeSelector", key], value)
+    patch.merge(["spec", "nodeSelector"], dict(sorted(profile.node_selector.items())))
     for toleration in profile.tolerations:
         wanted = toleration.model_dump(by_alias=True, exclude_none=True)
         current = patch.get(["spec", "tolerations"])
@@ -172,14 +174,17 @@ def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
 
 
 def apply_placement(
-    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+    pod: Mapping[str, Any],
+    placement: Placement,
+    cluster: ClusterView,
+    backend_plan: BackendPlan | None,
 ) -> tuple[PatchBuilder, list[str]]:
-    """Apply a governed placement to a copy of the pod; returns the builder and notes."""
+    """Apply a governed placement and its backend plan to a copy of the pod; returns the
+    builder (its document is the mutated pod) and notes for the warnings."""
     profile = placement.profile
     assert profile is not None
     patch = PatchBuilder(pod)
     notes: list[str] = []
-    backend_plan = plan(placement)
     targets = set(placement.containers)
     for ref in containers(pod, "containers"):
         if ref.name not in targets:
@@ -190,8 +195,7 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
-    for key, value in desired_annotations(placement, backend_plan).items():
-        patch.set(["metadata", "annotations", key], value)
+    patch.merge(["metadata", "annotations"], desired_annotations(placement, backend_plan))
     _set_priority(patch, profile, cluster)
     _set_placement(patch, profile)
     return patch, notes
@@ -207,28 +211,39 @@ def context_of(placement: Placement) -> Decision:
 
 
 def mutate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
+    return mutate_pod(request, policies, cluster)[0]
+
+
+def mutate_pod(
+    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
+) -> tuple[Decision, Mapping[str, Any]]:
+    """The mutating decision and the pod as its patch leaves it."""
     pod = request.pod
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
-        return Decision()
+        return Decision(), pod
     placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
     base = context_of(placement)
     if placement.problems:
-        return replace(base, warnings=tuple(warning(f"gpuwarden: {p}") for p in placement.problems))
+        return replace(
+            base, warnings=tuple(warning(f"gpuwarden: {p}") for p in placement.problems)
+        ), pod
     if not placement.governed:
-        return base
-    patch, notes = apply_placement(pod, placement, cluster)
+        return base, pod
+    backend_plan = plan(placement)
+    patch, notes = apply_placement(pod, placement, cluster, backend_plan)
     if not patch.ops:
-        return base
-    lines = _summary(placement, plan(placement)) + [f"gpuwarden: {note}" for note in notes]
+        return base, pod
+    lines = _summary(placement, backend_plan) + [f"gpuwarden: {note}" for note in notes]
     audit = {"profile": str(base.profile), "rule": placement.origin}
     if placement.tenant is not None:
         audit["tenant"] = placement.tenant.name
-    return replace(
+    decision = replace(
         base,
         patch=tuple(patch.ops),
         warnings=tuple(warning(line) for line in lines),
         audit_annotations=audit,
     )
+    return decision, patch.document
 
 
 def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:

@@ -2,7 +2,9 @@
 
 Every operation is recorded and applied at once, so each path is valid against the document as the
 previous operations left it; operations that would change nothing are not recorded, which is what
-makes a second decision on a mutated pod an empty patch.
+makes a second decision on a mutated pod an empty patch. The working copy shares structure with
+the original and copies only the maps and lists along the paths it writes (the original is never
+modified), which keeps a decision cheap on large pods.
 """
 
 from __future__ import annotations
@@ -16,7 +18,15 @@ JsonPatch = list[dict[str, Any]]
 
 def escape(token: str) -> str:
     """Escape one JSON Pointer reference token (RFC 6901): '~' -> '~0', '/' -> '~1'."""
+    if "~" not in token and "/" not in token:
+        return token
     return token.replace("~", "~0").replace("/", "~1")
+
+
+def _clone(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return copy.deepcopy(value)
 
 
 def pointer(path: Sequence[str | int]) -> str:
@@ -27,8 +37,31 @@ class PatchBuilder:
     """A working copy of a document plus the operations that produced it from the original."""
 
     def __init__(self, document: Mapping[str, Any]) -> None:
-        self.document: dict[str, Any] = copy.deepcopy(dict(document))
+        self.document: dict[str, Any] = dict(document)
         self.ops: JsonPatch = []
+        self._owned: set[int] = {id(self.document)}
+
+    def _own(self, parent: Any, key: str | int) -> Any:
+        """The child at ``key``, copied first unless this builder already made it."""
+        child = parent[key]
+        if id(child) in self._owned:
+            return child
+        if isinstance(child, dict):
+            child = dict(child)
+        elif isinstance(child, list):
+            child = list(child)
+        else:
+            return child
+        parent[key] = child
+        self._owned.add(id(child))
+        return child
+
+    def _writable(self, path: Sequence[str | int]) -> Any:
+        """The container at ``path`` (which must exist), copied along the way for writing."""
+        node: Any = self.document
+        for part in path:
+            node = self._own(node, part)
+        return node
 
     def get(self, path: Sequence[str | int]) -> Any:
         node: Any = self.document
@@ -44,7 +77,7 @@ class PatchBuilder:
     def _record(self, op: str, path: Sequence[str | int], value: Any = None) -> None:
         entry: dict[str, Any] = {"op": op, "path": pointer(path)}
         if op != "remove":
-            entry["value"] = copy.deepcopy(value)
+            entry["value"] = _clone(value)
         self.ops.append(entry)
 
     def set(self, path: Sequence[str | int], value: Any) -> None:
@@ -52,11 +85,20 @@ class PatchBuilder:
         if not path:
             raise ValueError("cannot set the document root")
         parent_path, key = list(path[:-1]), path[-1]
-        # Find the deepest existing map along the path; add the rest as one nested value.
-        depth = len(parent_path)
-        while depth > 0 and not isinstance(self.get(parent_path[:depth]), dict):
-            depth -= 1
-        base = self.get(parent_path[:depth]) if depth else self.document
+        # Find the deepest existing container along the path; add the rest as one nested value.
+        node: Any = self.document
+        depth = 0
+        for part in parent_path:
+            if isinstance(node, dict) and isinstance(part, str):
+                node = node.get(part)
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                node = node[part]
+            else:
+                break
+            if not isinstance(node, dict | list):
+                break
+            depth += 1
+        base = self._writable(parent_path[:depth])
         if not isinstance(base, dict):
             raise ValueError(f"{pointer(parent_path[:depth])} is not an object")
         if depth < len(parent_path):
@@ -65,7 +107,7 @@ class PatchBuilder:
                 nested = {part: nested}
             first = str(parent_path[depth])
             op = "replace" if first in base else "add"
-            base[first] = copy.deepcopy(nested)
+            base[first] = _clone(nested)
             self._record(op, [*parent_path[: depth + 1]], nested)
             return
         if isinstance(key, int):
@@ -73,15 +115,36 @@ class PatchBuilder:
         if key in base:
             if base[key] == value:
                 return
-            base[key] = copy.deepcopy(value)
+            base[key] = _clone(value)
             self._record("replace", path, value)
         else:
-            base[key] = copy.deepcopy(value)
+            base[key] = _clone(value)
             self._record("add", path, value)
+
+    def merge(self, path: Sequence[str | int], values: Mapping[str, Any]) -> None:
+        """Make the map at ``path`` hold these keys: one op for a whole absent map, else one per
+        changed key. Keys not named are left alone: they are not ours."""
+        if not values:
+            return
+        current = self.get(path)
+        if not isinstance(current, dict):
+            self.set(path, dict(values))
+            return
+        changed = [(k, v) for k, v in values.items() if k not in current or current[k] != v]
+        if not changed:
+            return
+        base = self._writable(path)
+        prefix = pointer(path)
+        for key, value in changed:
+            op = "replace" if key in base else "add"
+            base[key] = _clone(value)
+            self.ops.append({"op": op, "path": f"{prefix}/{escape(key)}", "value": _clone(value)})
 
     def remove(self, path: Sequence[str | int]) -> None:
         """Remove ``path`` if it exists."""
-        parent = self.get(path[:-1]) if len(path) > 1 else self.document
+        if self.get(path) is None and not self._exists(path):
+            return
+        parent = self._writable(path[:-1])
         key = path[-1]
         if isinstance(parent, dict) and isinstance(key, str) and key in parent:
             del parent[key]
@@ -90,13 +153,21 @@ class PatchBuilder:
             del parent[key]
             self._record("remove", path)
 
+    def _exists(self, path: Sequence[str | int]) -> bool:
+        parent = self.get(path[:-1]) if len(path) > 1 else self.document
+        key = path[-1]
+        if isinstance(parent, dict):
+            return key in parent
+        return isinstance(parent, list) and isinstance(key, int) and 0 <= key < len(parent)
+
     def set_list_item(self, path: Sequence[str | int], index: int, value: Any) -> None:
         current = self.get(path)
         if not isinstance(current, list) or not 0 <= index < len(current):
             raise IndexError(f"{pointer(path)}/{index} does not exist")
         if current[index] == value:
             return
-        current[index] = copy.deepcopy(value)
+        current = self._writable(path)
+        current[index] = _clone(value)
         self._record("replace", [*path, index], value)
 
     def append(self, path: Sequence[str | int], value: Any) -> None:
@@ -107,5 +178,6 @@ class PatchBuilder:
             return
         if not isinstance(current, list):
             raise ValueError(f"{pointer(path)} is not a list")
-        current.append(copy.deepcopy(value))
+        current = self._writable(path)
+        current.append(_clone(value))
         self._record("add", [*path, "-"], value)

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
-from gpuwarden.policy.mutate import mutate
+from gpuwarden.policy.mutate import mutate_pod
 from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.validate import validate
 
@@ -37,7 +37,6 @@ def apply_patch(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
 
 
 def admit(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
-    mutation = mutate(request, policies, cluster)
-    pod = apply_patch(request.pod, mutation)
+    mutation, pod = mutate_pod(request, policies, cluster)
     validation = validate(replace(request, pod=pod), policies, cluster)
     return Admission(mutation, validation, pod)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
 from gpuwarden.policy.model import (
@@ -62,6 +62,8 @@ class PolicySet:
     rules: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
     tenants: tuple[Tenant, ...] = ()
     default_profile: str | None = None
+    # Every (tenant, profile) resolution, computed once at load: decisions only look them up.
+    resolutions: Mapping[tuple[str | None, str], ResolvedProfile] = field(default_factory=dict)
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -77,7 +79,7 @@ class PolicySet:
             rules += [(rule, policy) for rule in policy.spec.workloads]
             tenants += policy.spec.tenants
             default_profile = default_profile or policy.spec.default_profile
-        return cls(
+        unresolved = cls(
             policies=tuple(policies),
             fingerprint=fingerprint,
             profiles=profiles,
@@ -86,6 +88,12 @@ class PolicySet:
             tenants=tuple(tenants),
             default_profile=default_profile,
         )
+        resolutions = {
+            (tenant.name if tenant else None, name): unresolved._resolve(name, tenant)
+            for tenant in (None, *tenants)
+            for name in profiles
+        }
+        return replace(unresolved, resolutions=resolutions)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -104,6 +112,9 @@ class PolicySet:
 
     def resolve(self, profile_name: str, tenant: Tenant | None) -> ResolvedProfile:
         """The profile as the tenant gets it. Raises KeyError for an unknown profile."""
+        return self.resolutions[(tenant.name if tenant else None, profile_name)]
+
+    def _resolve(self, profile_name: str, tenant: Tenant | None) -> ResolvedProfile:
         profile = self.profiles[profile_name]
         policy = self.profile_policy[profile_name]
         override = tenant.overrides.get(profile_name) if tenant else None

@@ -237,7 +237,7 @@ def _scheduling_violations(
                 f"{keys.PROFILE_LABEL} to one of: {', '.join(_allowed(placement.tenant, cluster))}",
             )
         return
-    desired, _ = apply_placement(pod, placement, cluster)
+    desired, _ = apply_placement(pod, placement, cluster, plan(placement))
     if desired.ops:
         first = desired.ops[0]
         field = _readable(str(first["path"]))
