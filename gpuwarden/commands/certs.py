@@ -1,0 +1,174 @@
+"""`gpuwarden certs`: issue, rotate and publish the webhook's certificates."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+from pathlib import Path
+
+from gpuwarden.certs.authority import service_dns_names
+from gpuwarden.certs.rotation import (
+    CertDirectory,
+    CertificateError,
+    ServingNames,
+    issue_directory,
+    load_bundle,
+    needs_renewal,
+    renew_serving,
+    rotate_ca,
+)
+from gpuwarden.kube.client import KubeConfigError, api_client
+from gpuwarden.kube.webhooks import InjectError, inject_ca_bundle
+
+HELP = "Issue, rotate and publish (caBundle) the webhook's TLS certificates."
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _days(text: str) -> datetime.timedelta:
+    try:
+        days = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of days, got {text!r}") from None
+    if days <= 0:
+        raise argparse.ArgumentTypeError("must be a positive number of days")
+    return datetime.timedelta(days=days)
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
+
+    issue = sub.add_parser("issue", help="a new CA and serving certificate for a Service")
+    issue.add_argument("--service", required=True, help="the webhook's Service name")
+    issue.add_argument("--namespace", required=True, help="the Service's namespace")
+    issue.add_argument(
+        "--out", type=Path, required=True, help="directory for ca.crt, tls.crt, tls.key"
+    )
+    issue.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
+    issue.add_argument(
+        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+    )
+    issue.add_argument("--force", action="store_true", help="replace existing files")
+
+    inject = sub.add_parser(
+        "inject", help="patch caBundle into the Mutating and Validating WebhookConfigurations"
+    )
+    inject.add_argument("--ca", type=Path, required=True, help="the CA bundle (ca.crt)")
+    inject.add_argument("--webhook-config", required=True, help="name of both configurations")
+    inject.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, ~/.kube/config)"
+    )
+
+    rotate = sub.add_parser(
+        "rotate",
+        help="renew the serving certificate before expiry; with --ca, roll to a new CA safely",
+    )
+    rotate.add_argument("--dir", type=Path, required=True, help="the certificate directory")
+    rotate.add_argument(
+        "--ca", action="store_true", help="start a new CA (the old stays in the bundle)"
+    )
+    rotate.add_argument("--force", action="store_true", help="renew even if not yet due")
+    rotate.add_argument(
+        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+    )
+    rotate.add_argument(
+        "--webhook-config",
+        help="publish the new bundle there before moving the serving certificate to the new CA",
+    )
+    rotate.add_argument("--kubeconfig", type=Path)
+
+
+def _err(message: str) -> None:
+    print(f"gpuwarden certs: {message}", file=sys.stderr)
+
+
+def _issue(args: argparse.Namespace) -> int:
+    directory = CertDirectory(args.out)
+    if not args.force and any(p.exists() for p in (directory.ca_cert, directory.tls_cert)):
+        _err(f"{args.out} already holds certificates; pass --force to replace them")
+        return EXIT_FAILED
+    names = ServingNames.of([*service_dns_names(args.service, args.namespace), *args.san])
+    issue_directory(args.out, names, serving_lifetime=args.days)
+    cert = directory.serving().certificate
+    print(f"wrote {directory.ca_cert}, {directory.tls_cert}, {directory.tls_key} (and ca.key)")
+    print(f"serving certificate for {', '.join(names.dns_names + names.ip_addresses)}")
+    print(f"valid until {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    return EXIT_OK
+
+
+def _inject(ca: Path, name: str, kubeconfig: Path | None) -> int:
+    try:
+        pem = ca.read_bytes()
+        load_bundle(pem)
+    except OSError as exc:
+        _err(f"{ca}: cannot read: {exc.strerror}")
+        return EXIT_USAGE
+    except CertificateError as exc:
+        _err(f"{ca}: {exc}")
+        return EXIT_USAGE
+    try:
+        api = api_client(kubeconfig)
+    except KubeConfigError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    try:
+        done = inject_ca_bundle(api, name, pem)
+    except InjectError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    for item in done:
+        state = "updated" if item.changed else "already up to date"
+        print(f"{item.kind} {item.name}: caBundle {state} on {item.webhooks} webhook(s)")
+    kinds = {item.kind for item in done}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        if kind not in kinds:
+            print(f"warning: no {kind} named {name}", file=sys.stderr)
+    return EXIT_OK
+
+
+def _rotate(args: argparse.Namespace) -> int:
+    directory = CertDirectory(args.dir)
+    if not directory.has_ca():
+        _err(
+            f"{args.dir} has no ca.crt and ca.key to rotate (issue them with `gpuwarden certs issue`)"
+        )
+        return EXIT_USAGE
+    try:
+        if args.ca:
+            bundle = rotate_ca(directory)
+            print(f"new CA added to {directory.ca_cert} ({len(bundle)} CA(s) in the bundle)")
+            if args.webhook_config is None:
+                print(
+                    "next: publish the bundle (gpuwarden certs inject --ca "
+                    f"{directory.ca_cert} --webhook-config NAME), then run "
+                    f"`gpuwarden certs rotate --dir {args.dir} --force` to move the serving "
+                    "certificate to the new CA"
+                )
+                return EXIT_OK
+            code = _inject(directory.ca_cert, args.webhook_config, args.kubeconfig)
+            if code != EXIT_OK:
+                _err("the serving certificate was left on the old CA")
+                return code
+        current = directory.serving().certificate
+        if not (args.ca or args.force or needs_renewal(current)):
+            print(
+                f"serving certificate valid until {current.not_valid_after_utc:%Y-%m-%d}; not due"
+            )
+            return EXIT_OK
+        pair = renew_serving(directory, lifetime=args.days)
+    except (CertificateError, ValueError) as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    print(f"renewed {directory.tls_cert}, valid until {pair.not_after:%Y-%m-%d %H:%M} UTC")
+    return EXIT_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.certs_command == "issue":
+        return _issue(args)
+    if args.certs_command == "inject":
+        return _inject(args.ca, args.webhook_config, args.kubeconfig)
+    return _rotate(args)

@@ -1,0 +1,275 @@
+"""What the webhook knows of the cluster: namespaces, PriorityClasses and tenants' GPU memory.
+
+Two sources give the same :class:`ClusterView`:
+
+* :class:`WatchedCluster`: watch-backed caches through the kubernetes client (no API call per
+  admission). Ready once every cache has finished its first list.
+* :class:`StaticCluster`: Namespace and PriorityClass manifests from a file, for running
+  without a cluster.
+
+Consistency model of the tenant GPU-memory count: it is the sum over the live pods the watch
+has delivered. A pod admitted a moment ago may not be in it yet (the watch lags the write by
+the API server's fan-out delay, typically milliseconds), so two pods created at the same time
+can both pass a quota check that only one of them should. The overshoot is bounded by what
+the tenant can create within that lag; ``tests/webhook/test_kube_cache.py`` measures it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, Protocol
+
+import yaml
+from kubernetes import client as k8s_client
+
+from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
+from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory
+from gpuwarden.policy.keys import ANNOTATION_TENANT
+
+_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+class ClusterSource(Protocol):
+    def view(self) -> ClusterView: ...
+
+    def missing(self) -> list[str]:
+        """What is not synced yet (empty when ready)."""
+        ...
+
+    def age(self) -> float | None:
+        """Seconds since the namespace data was last confirmed."""
+        ...
+
+    def stats(self) -> Mapping[str, InformerStats]: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def namespace_labels(obj: Obj) -> Mapping[str, str] | None:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+
+def priority_class(obj: Obj) -> PriorityClassInfo | None:
+    value = obj.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    policy = obj.get("preemptionPolicy") or "PreemptLowerPriority"
+    return PriorityClassInfo(value=value, preemption_policy=str(policy))
+
+
+def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
+    """The tenant a live pod charges and how much GPU memory; None for pods that charge none."""
+    status = obj.get("status") or {}
+    if isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES:
+        return None
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    tenant = annotations.get(ANNOTATION_TENANT) if isinstance(annotations, Mapping) else None
+    if not isinstance(tenant, str) or not tenant:
+        return None
+    amount = admitted_gpu_memory(obj)
+    return (tenant, amount) if amount > 0 else None
+
+
+class TenantMemory:
+    """Sink of pod charges that keeps per-tenant totals up to date incrementally."""
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self._charges: dict[str, tuple[str, Decimal]] = {}
+        self._totals: dict[str, Decimal] = {}
+        self.snapshot: Mapping[str, Decimal] = {}
+        self._on_change = on_change
+
+    def _publish(self) -> None:
+        self.snapshot = {t: v for t, v in self._totals.items() if v > 0}
+        if self._on_change is not None:
+            self._on_change()
+
+    def _add(self, charge: tuple[str, Decimal], sign: int) -> None:
+        tenant, amount = charge
+        self._totals[tenant] = self._totals.get(tenant, Decimal(0)) + sign * amount
+
+    def replace(self, items: Mapping[str, tuple[str, Decimal]]) -> None:
+        self._charges = dict(items)
+        self._totals = {}
+        for charge in self._charges.values():
+            self._add(charge, 1)
+        self._publish()
+
+    def upsert(self, key: str, item: tuple[str, Decimal]) -> None:
+        old = self._charges.get(key)
+        if old == item:
+            return
+        if old is not None:
+            self._add(old, -1)
+        self._charges[key] = item
+        self._add(item, 1)
+        self._publish()
+
+    def delete(self, key: str) -> None:
+        old = self._charges.pop(key, None)
+        if old is not None:
+            self._add(old, -1)
+            self._publish()
+
+
+class WatchedCluster:
+    """Watch-backed caches of Namespaces, PriorityClasses and live pods' GPU-memory charges."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        *,
+        watch_timeout: int = 300,
+        track_pods: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        core = k8s_client.CoreV1Api(api)
+        scheduling = k8s_client.SchedulingV1Api(api)
+        self._lock = threading.Lock()
+        self.namespaces: MappingSink[Mapping[str, str]] = MappingSink(self._rebuild)
+        self.priority_classes: MappingSink[PriorityClassInfo] = MappingSink(self._rebuild)
+        self.tenant_memory = TenantMemory(self._rebuild)
+        self._view = ClusterView()
+        self.informers: dict[str, Informer[Any]] = {
+            "namespaces": Informer(
+                "namespaces",
+                core.list_namespace,
+                namespace_labels,
+                self.namespaces,
+                watch_timeout=watch_timeout,
+                clock=clock,
+            ),
+            "priorityclasses": Informer(
+                "priorityclasses",
+                scheduling.list_priority_class,
+                priority_class,
+                self.priority_classes,
+                watch_timeout=watch_timeout,
+                clock=clock,
+            ),
+        }
+        if track_pods:
+            self.informers["pods"] = Informer(
+                "pods",
+                core.list_pod_for_all_namespaces,
+                pod_charge,
+                self.tenant_memory,
+                watch_timeout=watch_timeout,
+                clock=clock,
+            )
+
+    def _rebuild(self) -> None:
+        with self._lock:
+            self._view = ClusterView(
+                namespace_labels=self.namespaces.snapshot,
+                priority_classes=self.priority_classes.snapshot,
+                tenant_gpu_memory=self.tenant_memory.snapshot,
+            )
+
+    def view(self) -> ClusterView:
+        return self._view
+
+    def missing(self) -> list[str]:
+        return [
+            f"{name} cache not synced" for name, inf in self.informers.items() if not inf.synced
+        ]
+
+    def age(self) -> float | None:
+        return self.informers["namespaces"].age()
+
+    def stats(self) -> Mapping[str, InformerStats]:
+        return {name: inf.stats for name, inf in self.informers.items()}
+
+    def wait_synced(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        return all(
+            inf.wait_synced(max(deadline - time.monotonic(), 0)) for inf in self.informers.values()
+        )
+
+    def start(self) -> None:
+        for informer in self.informers.values():
+            informer.start()
+
+    def stop(self) -> None:
+        for informer in self.informers.values():
+            informer.stop()
+
+
+class ManifestError(Exception):
+    """A manifests file that cannot be read; the message names the file and document."""
+
+
+def load_manifests(path: Path) -> ClusterView:
+    """Namespaces and PriorityClasses from YAML manifests (``List`` kinds are unpacked)."""
+    try:
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot read: {exc}") from exc
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: invalid YAML: {exc}") from exc
+    labels: dict[str, Mapping[str, str]] = {}
+    classes: dict[str, PriorityClassInfo] = {}
+    for index, doc in enumerate(_flatten(docs), start=1):
+        if not isinstance(doc, Mapping):
+            raise ManifestError(f"{path}: document {index}: expected a mapping")
+        kind = doc.get("kind")
+        name = (doc.get("metadata") or {}).get("name")
+        if kind not in ("Namespace", "PriorityClass"):
+            continue
+        if not isinstance(name, str) or not name:
+            raise ManifestError(f"{path}: document {index}: {kind} without metadata.name")
+        if kind == "Namespace":
+            # The API server sets this label on every namespace; selectors may rely on it.
+            labels[name] = {**(namespace_labels(doc) or {}), "kubernetes.io/metadata.name": name}
+        else:
+            info = priority_class(doc)
+            if info is None:
+                raise ManifestError(
+                    f"{path}: document {index}: PriorityClass {name}: value must be an integer"
+                )
+            classes[name] = info
+    return ClusterView(namespace_labels=labels, priority_classes=classes)
+
+
+def _flatten(docs: Iterable[Any]) -> Iterable[Any]:
+    for doc in docs:
+        if doc is None:
+            continue
+        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
+            yield from doc.get("items") or ()
+        else:
+            yield doc
+
+
+class StaticCluster:
+    """A fixed view loaded from a manifests file; always ready."""
+
+    def __init__(self, path: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self._view = load_manifests(path)
+        self._clock = clock
+        self._loaded = clock()
+
+    def view(self) -> ClusterView:
+        return self._view
+
+    def missing(self) -> list[str]:
+        return []
+
+    def age(self) -> float | None:
+        return self._clock() - self._loaded
+
+    def stats(self) -> Mapping[str, InformerStats]:
+        return {}
+
+    def start(self) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None

@@ -1,0 +1,262 @@
+"""List + watch one kind of object into a local store, the way client-go's reflector does.
+
+* List (paged) to get every object and the collection's resourceVersion; replace the store.
+* Watch from that resourceVersion (with bookmarks); apply ADDED / MODIFIED / DELETED and keep
+  the last resourceVersion seen.
+* When a watch stream ends (the server's or our ``timeout_seconds``), watch again from the last
+  resourceVersion: nothing is missed and nothing is listed again.
+* When the server answers 410 Gone (the resourceVersion is too old), list again from scratch.
+* Any other failure (network, 5xx): back off and list again.
+
+The store is fed to a :class:`Sink`, which keeps whatever projection its readers need and
+publishes it as an immutable snapshot, so readers on other threads never take a lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from kubernetes import watch
+from kubernetes.client.exceptions import ApiException
+
+T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
+Obj = Mapping[str, Any]
+
+HTTP_GONE = 410
+_PAGE_SIZE = 500
+
+log = logging.getLogger("gpuwarden.kube")
+
+
+class Sink(Protocol[T_contra]):
+    """Receives the store's changes (on the informer's thread)."""
+
+    def replace(self, items: Mapping[str, T_contra]) -> None: ...
+
+    def upsert(self, key: str, item: T_contra) -> None: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+def object_key(obj: Obj) -> str:
+    meta = obj.get("metadata") or {}
+    namespace = meta.get("namespace")
+    name = str(meta.get("name", ""))
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _resource_version(obj: Obj) -> str | None:
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        rv = meta.get("resourceVersion")
+        return str(rv) if rv else None
+    return None
+
+
+@dataclass
+class InformerStats:
+    """Counters a reader (metrics, readiness) may look at; written by the informer thread only."""
+
+    lists: int = 0
+    relists_after_gone: int = 0
+    watch_restarts: int = 0
+    errors: int = 0
+    events: int = 0
+    last_contact: float | None = None
+    last_error: str | None = None
+    resource_version: str | None = None
+
+
+class Informer(Generic[T]):
+    """One resource's list+watch loop on a daemon thread.
+
+    ``list_func`` is a kubernetes client list method (``CoreV1Api.list_namespace``,
+    ``CoreV1Api.list_pod_for_all_namespaces``, ...). ``transform`` maps a raw object to what the
+    sink keeps; returning None drops it (as if deleted).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        list_func: Callable[..., Any],
+        transform: Callable[[Obj], T | None],
+        sink: Sink[T],
+        *,
+        watch_timeout: int = 300,
+        backoff: float = 1.0,
+        max_backoff: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._list_func = list_func
+        self._transform = transform
+        self._sink = sink
+        self._watch_timeout = watch_timeout
+        self._backoff = backoff
+        self._max_backoff = max_backoff
+        self._clock = clock
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread: threading.Thread | None = None
+        self.stats = InformerStats()
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    def age(self) -> float | None:
+        """Seconds since the API server last confirmed this cache (list, event or bookmark)."""
+        last = self.stats.last_contact
+        return None if last is None else max(self._clock() - last, 0.0)
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name=f"informer-{self.name}", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        current = self._watch
+        if current is not None:
+            current.stop()  # type: ignore[no-untyped-call]
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # The loop -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        delay = self._backoff
+        while not self._stop.is_set():
+            try:
+                version = self._list()
+                delay = self._backoff
+                self._watch_from(version)
+            except ApiException as exc:
+                if exc.status == HTTP_GONE:
+                    self.stats.relists_after_gone += 1
+                    log.info("%s: resourceVersion expired (410 Gone); listing again", self.name)
+                    continue
+                self._failed(f"API error {exc.status}: {exc.reason}")
+            except Exception as exc:  # network errors of every kind end up here
+                self._failed(f"{type(exc).__name__}: {exc}")
+            else:
+                continue
+            if self._stop.wait(delay):
+                return
+            delay = min(delay * 2, self._max_backoff)
+
+    def _failed(self, message: str) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = message
+        log.warning("%s: list/watch failed, retrying: %s", self.name, message)
+
+    def _list(self) -> str:
+        items: dict[str, T] = {}
+        token: str | None = None
+        version = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": _PAGE_SIZE, "_preload_content": False}
+            if token:
+                kwargs["_continue"] = token
+            response = self._list_func(**kwargs)
+            try:
+                body = json.loads(response.data)
+            finally:
+                response.release_conn()
+            for obj in body.get("items") or ():
+                value = self._transform(obj)
+                if value is not None:
+                    items[object_key(obj)] = value
+            meta = body.get("metadata") or {}
+            version = str(meta.get("resourceVersion") or version)
+            token = meta.get("continue") or None
+            if not token:
+                break
+        self._sink.replace(items)
+        self.stats.lists += 1
+        self.stats.resource_version = version
+        self.stats.last_contact = self._clock()
+        self._synced.set()
+        return version
+
+    def _watch_from(self, version: str) -> None:
+        while not self._stop.is_set():
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
+            self._watch = stream
+            # With timeout_seconds the client never retries on its own: a 410 reaches us.
+            for event in stream.stream(  # type: ignore[no-untyped-call]
+                self._list_func,
+                resource_version=version,
+                timeout_seconds=self._watch_timeout,
+                allow_watch_bookmarks=True,
+                # A half-open connection must not hang the loop past the server's timeout.
+                _request_timeout=self._watch_timeout + 30,
+            ):
+                version = self._apply(event) or version
+                self.stats.resource_version = version
+                if self._stop.is_set():
+                    return
+            self._watch = None
+            self.stats.watch_restarts += 1
+            self.stats.last_contact = self._clock()
+
+    def _apply(self, event: Mapping[str, Any]) -> str | None:
+        kind = event.get("type")
+        obj = event.get("raw_object")
+        if not isinstance(obj, Mapping):
+            return None
+        version = _resource_version(obj)
+        self.stats.last_contact = self._clock()
+        if kind == "BOOKMARK":
+            return version
+        self.stats.events += 1
+        key = object_key(obj)
+        if kind == "DELETED":
+            self._sink.delete(key)
+        elif kind in ("ADDED", "MODIFIED"):
+            value = self._transform(obj)
+            if value is None:
+                self._sink.delete(key)
+            else:
+                self._sink.upsert(key, value)
+        return version
+
+
+class MappingSink(Generic[T]):
+    """Keeps ``key -> item`` and publishes a fresh read-only copy after every change."""
+
+    def __init__(self, on_change: Callable[[], None] | None = None) -> None:
+        self._items: dict[str, T] = {}
+        self.snapshot: Mapping[str, T] = {}
+        self._on_change = on_change
+
+    def _publish(self) -> None:
+        self.snapshot = dict(self._items)
+        if self._on_change is not None:
+            self._on_change()
+
+    def replace(self, items: Mapping[str, T]) -> None:
+        self._items = dict(items)
+        self._publish()
+
+    def upsert(self, key: str, item: T) -> None:
+        if self._items.get(key) == item:
+            return
+        self._items[key] = item
+        self._publish()
+
+    def delete(self, key: str) -> None:
+        if self._items.pop(key, None) is not None:
+            self._publish()

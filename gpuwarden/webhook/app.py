@@ -1,0 +1,244 @@
+"""The aiohttp applications: admission endpoints on the TLS port, probes and metrics on both."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from gpuwarden.kube.cluster import ClusterSource
+from gpuwarden.policy import Decision
+from gpuwarden.webhook.decide import Endpoint, FailureMode, decide, failure_decision
+from gpuwarden.webhook.logs import ADMISSION_LOGGER
+from gpuwarden.webhook.metrics import CONTENT_TYPE, Metrics
+from gpuwarden.webhook.policies import PolicyReloader
+from gpuwarden.webhook.review import Review, ReviewError, decode, encode
+
+DEFAULT_MAX_BODY = 6 * 1024 * 1024
+# Bodies up to this size are evaluated on the event loop (well under a millisecond); larger
+# ones in a thread, so that the deadline can answer for them if evaluation runs long.
+INLINE_BODY = 64 * 1024
+
+log = logging.getLogger("gpuwarden.webhook")
+admission_log = logging.getLogger(ADMISSION_LOGGER)
+
+
+@dataclass(frozen=True)
+class Settings:
+    failure_mode: FailureMode = "deny"
+    # Answer before the API server gives up (the webhook's timeoutSeconds, 10 s by default).
+    deadline: float = 8.0
+    max_body: int = DEFAULT_MAX_BODY
+
+
+@dataclass
+class WebhookContext:
+    """Everything a request handler reads; the server owns and updates it."""
+
+    reloader: PolicyReloader
+    cluster: ClusterSource
+    metrics: Metrics
+    settings: Settings = field(default_factory=Settings)
+    certificate_served: bool = False
+    certificate_error: str | None = None
+    executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="evaluate")
+    )
+    # Test seam: replaces the policy core call (to provoke internal errors).
+    evaluate: Callable[[Endpoint, Review], Decision] | None = None
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether to take traffic, and lines explaining what is missing or degraded."""
+        missing: list[str] = []
+        notes: list[str] = []
+        state = self.reloader.state
+        if state.policies is None:
+            missing.append(f"no valid policy loaded: {state.error or 'not loaded yet'}")
+        else:
+            notes.append(f"policies: {state.fingerprint}")
+            if state.error:
+                notes.append(
+                    "last policy reload failed (the previous set still serves): " + state.error
+                )
+        if not self.certificate_served:
+            missing.append(
+                f"certificate not served: {self.certificate_error or 'TLS listener not started'}"
+            )
+        missing += self.cluster.missing()
+        return not missing, missing + notes
+
+
+def _text(status: int, message: str) -> web.Response:
+    return web.Response(status=status, text=message.rstrip("\n") + "\n")
+
+
+def _names(decision: Decision) -> tuple[str, str]:
+    return decision.tenant or "none", decision.profile or "none"
+
+
+class AdmissionHandler:
+    """POST /mutate and POST /validate."""
+
+    def __init__(self, context: WebhookContext, endpoint: Endpoint) -> None:
+        self.ctx = context
+        self.endpoint = endpoint
+
+    def _evaluate(self, review: Review) -> Decision:
+        if self.ctx.evaluate is not None:
+            return self.ctx.evaluate(self.endpoint, review)
+        state = self.ctx.reloader.state
+        return decide(
+            self.endpoint,
+            review,
+            state.policies,
+            self.ctx.cluster.view(),
+            policy_error=state.error,
+        )
+
+    def _refuse(self, status: int, message: str) -> web.Response:
+        self.ctx.metrics.bad_requests.labels(self.endpoint, str(status)).inc()
+        log.info(
+            "bad admission request",
+            extra={"fields": {"endpoint": self.endpoint, "status": status, "error": message}},
+        )
+        return _text(status, f"{self.endpoint}: {message}")
+
+    async def __call__(self, request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        settings = self.ctx.settings
+        length = request.content_length
+        if length is not None and length > settings.max_body:
+            return self._refuse(
+                413, f"request body of {length} bytes is over the limit of {settings.max_body}"
+            )
+        try:
+            async with asyncio.timeout(settings.deadline):
+                body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(413, f"request body is over the limit of {settings.max_body} bytes")
+        except TimeoutError:
+            return self._refuse(408, f"request body not received within {settings.deadline:g}s")
+        try:
+            review = decode(body)
+        except ReviewError as exc:
+            return self._refuse(400, str(exc))
+        failed = False
+        try:
+            if len(body) <= INLINE_BODY:
+                decision = self._evaluate(review)
+            else:
+                remaining = max(settings.deadline - (time.perf_counter() - started), 0.001)
+                loop = asyncio.get_running_loop()
+                decision = await asyncio.wait_for(
+                    loop.run_in_executor(self.ctx.executor, self._evaluate, review), remaining
+                )
+        except ReviewError as exc:
+            return self._refuse(400, str(exc))
+        except Exception as exc:
+            failed = True
+            self.ctx.metrics.internal_errors.labels(self.endpoint).inc()
+            timed_out = isinstance(exc, TimeoutError)
+            log.error(
+                "evaluation timed out" if timed_out else "evaluation failed",
+                exc_info=not timed_out,
+                extra={"fields": {"uid": review.uid, "endpoint": self.endpoint}},
+            )
+            decision = failure_decision(settings.failure_mode, self.endpoint, review.uid)
+        payload = encode(review, decision, mutating=self.endpoint == "mutate")
+        response = web.Response(
+            body=json.dumps(payload, separators=(",", ":")).encode(),
+            content_type="application/json",
+        )
+        elapsed = time.perf_counter() - started
+        verdict = "error" if failed else decision.verdict
+        tenant, profile = _names(decision)
+        metrics = self.ctx.metrics
+        metrics.requests.labels(self.endpoint, verdict, tenant, profile).inc()
+        metrics.latency.labels(self.endpoint).observe(elapsed)
+        admission_log.info(
+            "admission",
+            extra={
+                "fields": {
+                    "uid": review.uid,
+                    "endpoint": self.endpoint,
+                    "operation": review.operation,
+                    "namespace": review.namespace,
+                    "pod": review.pod_name,
+                    "kind": review.kind,
+                    "tenant": decision.tenant,
+                    "profile": decision.profile,
+                    "rule": decision.rule,
+                    "decision": verdict,
+                    "patched": bool(payload["response"].get("patch")),
+                    "dry_run": review.dry_run,
+                    "duration_ms": round(elapsed * 1000, 3),
+                }
+            },
+        )
+        return response
+
+
+def _probes(context: WebhookContext) -> list[web.RouteDef]:
+    async def healthz(_: web.Request) -> web.Response:
+        return _text(200, "ok")
+
+    async def readyz(_: web.Request) -> web.Response:
+        ready, lines = context.readiness()
+        head = "ready" if ready else "not ready"
+        return _text(200 if ready else 503, "\n".join([head, *(f"- {line}" for line in lines)]))
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(
+            body=context.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE}
+        )
+
+    return [
+        web.get("/healthz", healthz),
+        web.get("/livez", healthz),
+        web.get("/readyz", readyz),
+        web.get("/metrics", metrics),
+    ]
+
+
+@web.middleware
+async def _no_tracebacks(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Client mistakes get a 4xx with a message; nothing unexpected leaks a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400 and not exc.text:
+            exc.text = f"{exc.status} {exc.reason}"
+        raise
+    except Exception:
+        log.exception("unhandled error", extra={"fields": {"path": request.path}})
+        return _text(500, "internal error; see the webhook's log")
+
+
+def admission_app(context: WebhookContext) -> web.Application:
+    """The TLS application the API server calls."""
+    # aiohttp refuses bodies over client_max_size with 413 on read(); one byte of slack lets
+    # our handler tell the size apart from a chunked upload that exactly fits.
+    app = web.Application(client_max_size=context.settings.max_body, middlewares=[_no_tracebacks])
+    app.add_routes(
+        [
+            web.post("/mutate", AdmissionHandler(context, "mutate")),
+            web.post("/validate", AdmissionHandler(context, "validate")),
+            *_probes(context),
+        ]
+    )
+    return app
+
+
+def probes_app(context: WebhookContext) -> web.Application:
+    """Plain HTTP: /metrics for Prometheus and the probes for the kubelet."""
+    app = web.Application(middlewares=[_no_tracebacks])
+    app.add_routes(_probes(context))
+    return app

@@ -1,0 +1,76 @@
+"""From a decoded review to a policy decision: the only place the webhook calls the policy core."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
+from gpuwarden.policy.resources import requests_gpu
+from gpuwarden.webhook.review import Review, ReviewError
+
+Endpoint = Literal["mutate", "validate"]
+FailureMode = Literal["allow", "deny"]
+
+NO_POLICY_REASON = "gpuwarden-no-policy"
+
+
+def no_policy_message(error: str | None) -> str:
+    why = f": {error}" if error else ""
+    first = why.splitlines()[0] if why else ""
+    return (
+        "gpuwarden has no valid GPU policy loaded, so pods that request GPUs are refused until "
+        f"one is served (fix the policy files or the ConfigMap and the webhook reloads it){first}"
+    )
+
+
+def decide(
+    endpoint: Endpoint,
+    review: Review,
+    policies: PolicySet | None,
+    cluster: ClusterView,
+    *,
+    policy_error: str | None = None,
+) -> Decision:
+    """The decision for one review; raises ReviewError for a request that makes no sense."""
+    if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
+        return Decision()
+    if review.obj is None:
+        raise ReviewError(f"request.object is missing for a {review.operation} of a Pod")
+    if policies is None:
+        # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
+        guarded = review.operation == "CREATE" or review.sub_resource == "ephemeralcontainers"
+        if guarded and requests_gpu(review.obj):
+            return Decision(
+                allowed=False,
+                code=403,
+                reason="Forbidden",
+                message=no_policy_message(policy_error),
+                rule=NO_POLICY_REASON,
+            )
+        return Decision()
+    request = review.admission_request()
+    if endpoint == "mutate":
+        return mutate(request, policies, cluster)
+    return validate(request, policies, cluster)
+
+
+def failure_decision(mode: FailureMode, endpoint: Endpoint, uid: str) -> Decision:
+    """The answer to a request whose evaluation failed inside gpuwarden."""
+    if mode == "allow":
+        return Decision(
+            warnings=(
+                f"gpuwarden: internal error evaluating this pod ({endpoint}); admitted "
+                "unchanged because the webhook runs with --failure-mode allow",
+            ),
+            rule="internal-error",
+        )
+    return Decision(
+        allowed=False,
+        code=500,
+        reason="InternalError",
+        message=(
+            f"gpuwarden could not evaluate this pod ({endpoint}, request {uid}): internal error; "
+            "retry, and report it with this request id if it persists"
+        ),
+        rule="internal-error",
+    )

@@ -1,0 +1,177 @@
+"""AdmissionReview (admission.k8s.io/v1 and v1beta1) in and out, as plain data.
+
+Decoding never raises anything but :class:`ReviewError`, whose message tells the caller which
+field is wrong; encoding turns a policy :class:`Decision` into the response the API server
+expects.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from gpuwarden.policy import AdmissionRequest, Decision
+from gpuwarden.policy.decision import Operation
+
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+_STATUS_REASONS = frozenset(
+    {"Forbidden", "Invalid", "BadRequest", "InternalError", "Timeout", "Unauthorized"}
+)
+
+
+class ReviewError(Exception):
+    """A request that is not a usable AdmissionReview; answered 400 with this message."""
+
+
+@dataclass(frozen=True)
+class Review:
+    """The parts of an AdmissionReview request that gpuwarden reads."""
+
+    api_version: str
+    uid: str
+    operation: Operation
+    namespace: str
+    kind: str
+    group: str
+    resource: str
+    sub_resource: str
+    obj: Mapping[str, Any] | None
+    old_obj: Mapping[str, Any] | None
+    dry_run: bool
+
+    @property
+    def is_pod(self) -> bool:
+        return self.group == "" and (self.kind == "Pod" or self.resource == "pods")
+
+    @property
+    def pod_name(self) -> str:
+        source = self.obj if self.obj is not None else self.old_obj
+        meta = source.get("metadata") if source is not None else None
+        if not isinstance(meta, Mapping):
+            return ""
+        name = meta.get("name")
+        if isinstance(name, str) and name:
+            return name
+        generate = meta.get("generateName")
+        return f"{generate}*" if isinstance(generate, str) and generate else ""
+
+    def admission_request(self) -> AdmissionRequest:
+        return AdmissionRequest(
+            operation=self.operation,
+            namespace=self.namespace,
+            pod=self.obj or {},
+            old_pod=self.old_obj,
+            sub_resource=self.sub_resource,
+            uid=self.uid,
+            dry_run=self.dry_run,
+        )
+
+
+def _string(value: Any, field: str, *, required: bool = False) -> str:
+    if value is None and not required:
+        return ""
+    if not isinstance(value, str):
+        kind = "missing" if value is None else f"a {type(value).__name__}, not a string"
+        raise ReviewError(f"{field} is {kind}")
+    return value
+
+
+def _object(value: Any, field: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ReviewError(f"{field} must be an object, not a {type(value).__name__}")
+    return value
+
+
+def _group_kind(value: Any, field: str, name_key: str) -> tuple[str, str]:
+    if value is None:
+        return "", ""
+    if not isinstance(value, Mapping):
+        raise ReviewError(f"{field} must be an object, not a {type(value).__name__}")
+    return _string(value.get("group"), f"{field}.group"), _string(
+        value.get(name_key), f"{field}.{name_key}"
+    )
+
+
+def decode(body: bytes) -> Review:
+    """Parse and check an AdmissionReview request body."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ReviewError("malformed JSON: nested too deeply") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ReviewError(f"malformed JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ReviewError(f"expected an AdmissionReview object, got a JSON {type(data).__name__}")
+    kind, api_version = data.get("kind"), data.get("apiVersion")
+    if kind != "AdmissionReview" or api_version not in API_VERSIONS:
+        raise ReviewError(
+            f"expected kind AdmissionReview with apiVersion {' or '.join(API_VERSIONS)}, "
+            f"got kind {kind!r} apiVersion {api_version!r}"
+        )
+    request = data.get("request")
+    if not isinstance(request, Mapping):
+        raise ReviewError("request is missing or not an object")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ReviewError("request.uid is missing or empty; the response must echo it")
+    operation = request.get("operation")
+    if operation not in OPERATIONS:
+        raise ReviewError(
+            f"request.operation must be one of {', '.join(OPERATIONS)}, got {operation!r}"
+        )
+    group, kind_name = _group_kind(request.get("kind"), "request.kind", "kind")
+    resource_group, resource = _group_kind(request.get("resource"), "request.resource", "resource")
+    dry_run = request.get("dryRun", False)
+    if dry_run is None:
+        dry_run = False
+    if not isinstance(dry_run, bool):
+        raise ReviewError(f"request.dryRun must be a boolean, not {dry_run!r}")
+    obj = _object(request.get("object"), "request.object")
+    old = _object(request.get("oldObject"), "request.oldObject")
+    namespace = _string(request.get("namespace"), "request.namespace")
+    if not namespace and obj is not None:
+        meta = obj.get("metadata")
+        if isinstance(meta, Mapping) and isinstance(meta.get("namespace"), str):
+            namespace = meta["namespace"]
+    return Review(
+        api_version=str(api_version),
+        uid=uid,
+        operation=cast(Operation, operation),
+        namespace=namespace,
+        kind=kind_name,
+        group=group or resource_group,
+        resource=resource,
+        sub_resource=_string(request.get("subResource"), "request.subResource"),
+        obj=obj,
+        old_obj=old,
+        dry_run=dry_run,
+    )
+
+
+def _reason(decision: Decision) -> str:
+    return decision.reason if decision.reason in _STATUS_REASONS else "Forbidden"
+
+
+def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, Any]:
+    """The AdmissionReview response for ``decision`` (a patch only from /mutate, when allowed)."""
+    response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
+    if mutating and decision.allowed and decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(decision.patch_bytes()).decode()
+    if decision.warnings:
+        response["warnings"] = list(decision.warnings)
+    if decision.audit_annotations:
+        response["auditAnnotations"] = dict(decision.audit_annotations)
+    if not decision.allowed:
+        response["status"] = {
+            "code": decision.code if 400 <= decision.code < 600 else 403,
+            "message": decision.message or "denied by gpuwarden",
+            "reason": _reason(decision),
+        }
+    return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}

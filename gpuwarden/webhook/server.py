@@ -1,0 +1,390 @@
+"""The webhook server's life: TLS listener, periodic reloads, graceful stop, and N workers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from gpuwarden.certs.rotation import (
+    CertDirectory,
+    CertificateError,
+    ServingNames,
+    ensure_directory,
+)
+from gpuwarden.certs.tlsreload import TLSConfigError, TLSFiles, TLSReloader
+from gpuwarden.kube.client import api_client
+from gpuwarden.kube.cluster import ClusterSource, StaticCluster, WatchedCluster
+from gpuwarden.webhook import logs
+from gpuwarden.webhook.app import Settings, WebhookContext, admission_app, probes_app
+from gpuwarden.webhook.metrics import MULTIPROC_ENV, Metrics
+from gpuwarden.webhook.policies import PolicyReloader
+
+log = logging.getLogger("gpuwarden.webhook")
+
+
+class ServeError(Exception):
+    """The server cannot start as configured; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    policies: tuple[Path, ...]
+    host: str = "0.0.0.0"
+    port: int = 8443
+    metrics_port: int | None = 9090
+    cert_dir: Path | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    client_ca: Path | None = None
+    serving_names: tuple[str, ...] = ("localhost", "127.0.0.1")
+    namespaces_file: Path | None = None
+    kubeconfig: Path | None = None
+    workers: int = 1
+    settings: Settings = field(default_factory=Settings)
+    reload_interval: float = 2.0
+    renew_interval: float = 300.0
+    shutdown_timeout: float = 30.0
+    watch_timeout: int = 300
+    log_level: str = "info"
+    reuse_port: bool = False
+    # The one worker that renews self-managed certificates (the others only reload them).
+    leader: bool = True
+
+    def tls_files(self) -> TLSFiles:
+        if self.cert_dir is not None:
+            directory = CertDirectory(self.cert_dir)
+            return TLSFiles(directory.tls_cert, directory.tls_key, self.client_ca)
+        if self.tls_cert is None or self.tls_key is None:
+            raise ServeError("give --cert-dir DIR, or both --tls-cert and --tls-key")
+        return TLSFiles(self.tls_cert, self.tls_key, self.client_ca)
+
+
+def prepare_certificates(config: ServeConfig) -> list[str]:
+    """With --cert-dir, issue or renew what is needed there; returns what was done."""
+    if config.cert_dir is None:
+        return []
+    try:
+        return ensure_directory(config.cert_dir, ServingNames.of(config.serving_names))
+    except (CertificateError, OSError, ValueError) as exc:
+        raise ServeError(f"--cert-dir {config.cert_dir}: {exc}") from exc
+
+
+def cluster_source(config: ServeConfig) -> ClusterSource:
+    if config.namespaces_file is not None:
+        return StaticCluster(config.namespaces_file)
+    return WatchedCluster(api_client(config.kubeconfig), watch_timeout=config.watch_timeout)
+
+
+def _timestamp(moment: datetime.datetime | None) -> float:
+    return moment.timestamp() if moment is not None else 0.0
+
+
+class WebhookServer:
+    """One server process: start(), then stop() (or run() until SIGTERM/SIGINT)."""
+
+    def __init__(
+        self,
+        config: ServeConfig,
+        *,
+        cluster: ClusterSource | None = None,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.metrics = metrics or Metrics()
+        self._cluster = cluster
+        self._clock = clock
+        self._runners: list[web.AppRunner] = []
+        self._ticker: asyncio.Task[None] | None = None
+        self._since_renew = 0.0
+        self.tls: TLSReloader | None = None
+        self.context: WebhookContext | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+
+    # Start and stop ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        for line in prepare_certificates(config) if config.leader else []:
+            log.info(line)
+        try:
+            self.tls = TLSReloader(config.tls_files())
+        except TLSConfigError as exc:
+            raise ServeError(str(exc)) from exc
+        reloader = PolicyReloader(config.policies)
+        cluster = self._cluster or cluster_source(config)
+        self.context = context = WebhookContext(
+            reloader=reloader, cluster=cluster, metrics=self.metrics, settings=config.settings
+        )
+        self._reload_policies()
+        cluster.start()
+        main = web.AppRunner(
+            admission_app(context),
+            access_log=None,
+            shutdown_timeout=config.shutdown_timeout,
+            handle_signals=False,
+        )
+        await main.setup()
+        self._runners.append(main)
+        site = web.TCPSite(
+            main,
+            config.host,
+            config.port,
+            ssl_context=self.tls.context,
+            reuse_port=config.reuse_port or None,
+        )
+        await site.start()
+        self.port = _bound_port(main)
+        context.certificate_served = True
+        self._update_certificate_metrics()
+        if config.metrics_port is not None:
+            probes = web.AppRunner(probes_app(context), access_log=None, handle_signals=False)
+            await probes.setup()
+            self._runners.append(probes)
+            await web.TCPSite(
+                probes, config.host, config.metrics_port, reuse_port=config.reuse_port or None
+            ).start()
+            self.metrics_port = _bound_port(probes)
+        self.tick()
+        self._ticker = asyncio.create_task(self._tick_forever())
+        log.info(
+            "serving",
+            extra={
+                "fields": {
+                    "address": f"https://{config.host}:{self.port}",
+                    "metrics": self.metrics_port,
+                    "policies": [str(p) for p in config.policies],
+                    "fingerprint": reloader.state.fingerprint,
+                    "pid": os.getpid(),
+                }
+            },
+        )
+
+    async def stop(self) -> None:
+        """Stop accepting, let in-flight requests finish (up to shutdown_timeout), close."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        for runner in self._runners:
+            await runner.cleanup()
+        self._runners.clear()
+        if self.context is not None:
+            self.context.cluster.stop()
+            self.context.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def run(self) -> None:
+        """Serve until SIGTERM or SIGINT, then stop gracefully."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await self.start()
+        try:
+            await stop.wait()
+            log.info("stopping: finishing in-flight requests")
+        finally:
+            await self.stop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(sig)
+        log.info("stopped")
+
+    # Periodic work ----------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        interval = self.config.reload_interval
+        while True:
+            await asyncio.sleep(interval)
+            self._since_renew += interval
+            try:
+                self.tick()
+            except Exception:
+                log.exception("periodic check failed")
+
+    def tick(self) -> None:
+        """One round of periodic work: policies, certificates, cache metrics."""
+        self._reload_policies()
+        if self._since_renew >= self.config.renew_interval:
+            self._since_renew = 0.0
+            self._renew_certificates()
+        self._reload_certificates()
+        self._update_cache_metrics()
+
+    def _reload_policies(self) -> None:
+        assert self.context is not None
+        reloader = self.context.reloader
+        result = reloader.check()
+        state = reloader.state
+        metrics = self.metrics
+        metrics.policy_loaded.set(1 if state.policies is not None else 0)
+        if not result.changed:
+            return
+        if result.ok:
+            metrics.policy_reloads.labels("ok").inc()
+            metrics.policy_last_reload_failed.set(0)
+            log.info(
+                "policies loaded",
+                extra={
+                    "fields": {
+                        "fingerprint": state.fingerprint,
+                        "profiles": len(state.policies.profiles) if state.policies else 0,
+                    }
+                },
+            )
+        else:
+            metrics.policy_reloads.labels("failed").inc()
+            metrics.policy_last_reload_failed.set(1)
+            log.error(
+                "policy reload failed; "
+                + ("the previous set still serves" if state.policies else "GPU pods are denied"),
+                extra={"fields": {"error": result.error, "fingerprint": state.fingerprint}},
+            )
+
+    def _renew_certificates(self) -> None:
+        if self.config.cert_dir is None or not self.config.leader:
+            return
+        try:
+            for line in prepare_certificates(self.config):
+                log.info(line)
+        except ServeError as exc:
+            log.error("certificate renewal failed", extra={"fields": {"error": str(exc)}})
+
+    def _reload_certificates(self) -> None:
+        assert self.tls is not None and self.context is not None
+        outcome = self.tls.check()
+        if outcome.changed:
+            self.metrics.cert_reloads.labels("ok").inc()
+            self.context.certificate_error = None
+            log.info(
+                "serving certificate reloaded",
+                extra={"fields": {"not_after": str(self.tls.not_after)}},
+            )
+            self._update_certificate_metrics()
+        elif outcome.error and outcome.error != self.context.certificate_error:
+            self.metrics.cert_reloads.labels("failed").inc()
+            self.context.certificate_error = outcome.error
+            log.warning(
+                "serving certificate files changed but cannot be loaded yet; "
+                "the previous certificate still serves",
+                extra={"fields": {"error": outcome.error}},
+            )
+
+    def _update_certificate_metrics(self) -> None:
+        if self.tls is not None:
+            self.metrics.cert_expiry.set(_timestamp(self.tls.not_after))
+
+    def _update_cache_metrics(self) -> None:
+        assert self.context is not None
+        cluster = self.context.cluster
+        age = cluster.age()
+        if age is not None:
+            self.metrics.cache_age.set(age)
+        for name, stats in cluster.stats().items():
+            self.metrics.cache_synced.labels(name).set(1 if stats.lists else 0)
+            self.metrics.cache_relists.labels(name).set(stats.lists)
+            self.metrics.cache_watch_restarts.labels(name).set(stats.watch_restarts)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    raise ServeError("the listener has no address")
+
+
+# Processes ------------------------------------------------------------------------------
+
+
+def _worker(config: ServeConfig) -> None:
+    logs.configure(config.log_level)
+    try:
+        asyncio.run(WebhookServer(config).run())
+    except ServeError as exc:
+        log.error("cannot serve", extra={"fields": {"error": str(exc)}})
+        raise SystemExit(2) from exc
+
+
+def serve(config: ServeConfig) -> int:
+    """Run the server in this process, or as ``config.workers`` processes sharing the port."""
+    if config.workers <= 1:
+        try:
+            asyncio.run(WebhookServer(config).run())
+        except ServeError as exc:
+            log.error("cannot serve", extra={"fields": {"error": str(exc)}})
+            return 2
+        return 0
+    return _serve_workers(config)
+
+
+def _serve_workers(config: ServeConfig) -> int:
+    try:
+        for line in prepare_certificates(config):
+            log.info(line)
+    except ServeError as exc:
+        log.error("cannot serve", extra={"fields": {"error": str(exc)}})
+        return 2
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-metrics-") as metrics_dir:
+        # Set before the workers start: prometheus-client picks its storage at import time.
+        os.environ[MULTIPROC_ENV] = metrics_dir
+        spawn = multiprocessing.get_context("spawn")
+        workers = [
+            spawn.Process(
+                target=_worker,
+                args=(replace(config, reuse_port=True, leader=index == 0),),
+                name=f"gpuwarden-worker-{index}",
+            )
+            for index in range(config.workers)
+        ]
+        return _supervise(workers)
+
+
+def _supervise(workers: Sequence[Any]) -> int:
+    stopping = False
+
+    def forward(signum: int, _: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for worker in workers:
+            if worker.is_alive() and worker.pid is not None:
+                os.kill(worker.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        for worker in workers:
+            worker.start()
+        log.info("workers started", extra={"fields": {"pids": [w.pid for w in workers]}})
+        code = 0
+        remaining = list(workers)
+        while remaining:
+            for worker in list(remaining):
+                worker.join(timeout=0.2)
+                if worker.exitcode is None:
+                    continue
+                remaining.remove(worker)
+                if worker.exitcode != 0:
+                    code = max(code, 1 if worker.exitcode < 0 else worker.exitcode)
+                if not stopping:
+                    log.error(
+                        "a worker exited; stopping the others",
+                        extra={"fields": {"pid": worker.pid, "exitcode": worker.exitcode}},
+                    )
+                    code = max(code, 1)
+                    forward(signal.SIGTERM, None)
+        return code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
