@@ -43,12 +43,13 @@ def parse_quantity(value: object) -> Decimal:
             raise QuantityError(f"quantity {value!r} is not a finite number")
         text = repr(value)
     elif isinstance(value, str):
-        text = value.strip()
+        # apimachinery refuses surrounding whitespace (" 1Gi", "1Gi\n"), so this does too.
+        text = value
     else:
         raise QuantityError(f"quantity must be a string or number, not {type(value).__name__}")
     if len(text) > _MAX_TEXT:
         raise QuantityError(f"quantity {text[:_MAX_TEXT]!r}... is too long")
-    match = _QUANTITY.match(text)
+    match = _QUANTITY.fullmatch(text)
     if match is None:
         raise QuantityError(
             f"{text!r} is not a Kubernetes quantity (examples: 8Gi, 500M, 1e3, 0.5, 250m)"
