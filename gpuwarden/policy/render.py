@@ -1,0 +1,348 @@
+"""The cluster objects a policy set implies: PriorityClasses, tenant ResourceQuotas, Volcano Queues.
+
+Pure: a PolicySet in, plain dicts (ready for YAML or the API) plus warnings and notes out.
+
+What each object is for, and what it deliberately is not:
+
+* **PriorityClass** per profile. The mutating webhook sets ``priorityClassName``,
+  ``priority`` and ``preemptionPolicy`` together (the Priority admission plugin re-checks them
+  after webhooks), so the class must exist with exactly the same value and policy:
+  ``preemptionPolicy`` comes from :attr:`ResolvedProfile.preemption_policy`, as in mutate.py.
+* **ResourceQuota** per tenant namespace, as an API-server backstop that holds even if the
+  webhook is bypassed (``failurePolicy: Ignore``) or down. For extended resources the quota
+  system charges only ``requests.<resource>`` keys; ``limits.nvidia.com/gpu`` or a bare
+  ``nvidia.com/gpu`` are accepted and never charged (checked against kube-apiserver 1.37), so
+  rendered quotas use only ``requests.`` keys and :func:`quota_key_warnings` flags the others.
+* **LimitRange**: none for GPU resources. A LimitRange ``max`` on an extended resource makes the
+  API server refuse every pod that does not name that resource ("No limit is specified"), and a
+  ``default`` for it would be injected *before* the webhook runs, so gpuwarden would see a GPU
+  request on every pod. ``limits.maxGpusPerPod`` is therefore the validating webhook's job.
+* **Volcano Queue** (``scheduling.volcano.sh/v1beta1``) per queue a tenant names, with the real
+  fields only: ``weight``, ``capability``, ``reclaimable``, ``guarantee.resource``. Volcano has no
+  per-queue overcommit field: its overcommit factor is the ``overcommit`` scheduler plugin's
+  ``overcommit-factor`` argument (cluster-wide, enqueue admission only), which is said in a note.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal
+from typing import Any
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.backends import plan_for
+from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
+from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuwarden"}
+ANNOTATION_RENDERED_FROM = "gpuwarden.io/rendered-from"
+VOLCANO_QUEUE_API = "scheduling.volcano.sh/v1beta1"
+# Extended resources whose unit is MiB of GPU memory (per GPU the container gets).
+GPU_MEMORY_MIB_RESOURCES = frozenset({"volcano.sh/vgpu-memory", "nvidia.com/gpumem"})
+# Queues Volcano creates itself.
+BUILTIN_QUEUES = frozenset({"default", "root"})
+_MIB = Decimal(2**20)
+VOLCANO_OVERCOMMIT_NOTE = (
+    "Volcano has no per-queue overcommit field. Its overcommit factor is the scheduler's "
+    "'overcommit' plugin argument 'overcommit-factor' (volcano-scheduler.conf, cluster-wide, "
+    "applies to enqueue admission only). gpuwarden oversubscribes GPU memory itself: pods request "
+    "maxMemory / overcommitRatio as volcano.sh/vgpu-memory."
+)
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    priority_classes: bool = True
+    quotas: bool = True
+    queues: bool = True
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """Objects in apply order, plus what the user should hear about them."""
+
+    objects: tuple[dict[str, Any], ...] = ()
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    errors: tuple[str, ...] = ()
+
+    def of_kind(self, kind: str) -> list[dict[str, Any]]:
+        return [obj for obj in self.objects if obj.get("kind") == kind]
+
+
+@dataclass
+class _Out:
+    objects: list[dict[str, Any]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
+
+def render(policies: PolicySet, options: RenderOptions | None = None) -> Rendering:
+    """Every object the policy set implies, validated by nothing yet (the caller does that)."""
+    options = options or RenderOptions()
+    out = _Out()
+    if options.priority_classes:
+        out.objects += _priority_classes(policies, out)
+    if options.quotas:
+        out.objects += _resource_quotas(policies, out)
+    if options.queues:
+        out.objects += _volcano_queues(policies, out)
+    for obj in out.objects:
+        if obj["kind"] == "ResourceQuota":
+            where = f"ResourceQuota {obj['metadata']['namespace']}/{obj['metadata']['name']}"
+            out.warnings += quota_key_warnings(obj["spec"]["hard"], where)
+    return Rendering(tuple(out.objects), tuple(out.warnings), tuple(out.notes), tuple(out.errors))
+
+
+# --- PriorityClasses ----------------------------------------------------------------------
+
+
+def priority_class(profile: ResolvedProfile, profiles: Iterable[str] = ()) -> dict[str, Any]:
+    """The PriorityClass a profile's pods are given (what mutate.py writes on the pod)."""
+    names = sorted({profile.name, *profiles})
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {
+            "name": profile.priority_class_name,
+            "labels": dict(MANAGED_BY),
+            "annotations": {ANNOTATION_RENDERED_FROM: f"{profile.policy}/{','.join(names)}"},
+        },
+        "value": profile.priority,
+        "preemptionPolicy": profile.preemption_policy,
+        "globalDefault": False,
+        "description": f"gpuwarden profile {', '.join(names)} (policy {profile.policy})",
+    }
+
+
+def _priority_classes(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
+    chosen: dict[str, ResolvedProfile] = {}
+    sharing: dict[str, list[str]] = {}
+    for name in policies.profiles:
+        profile = policies.resolve(name, None)
+        class_name = profile.priority_class_name
+        if class_name.startswith("system-"):
+            out.note(
+                f"profile {name} uses the built-in PriorityClass {class_name}; "
+                "it is not rendered (the API server reserves the system- prefix)"
+            )
+            continue
+        first = chosen.get(class_name)
+        if first is None:
+            chosen[class_name] = profile
+            sharing[class_name] = []
+            continue
+        if (first.priority, first.preemption_policy) != (
+            profile.priority,
+            profile.preemption_policy,
+        ):
+            out.errors.append(
+                f"profiles {first.name} and {name} share PriorityClass {class_name} but disagree: "
+                f"priority {first.priority}/{first.preemption_policy} vs "
+                f"{profile.priority}/{profile.preemption_policy}"
+            )
+            continue
+        sharing[class_name].append(name)
+    return [priority_class(profile, sharing[name]) for name, profile in chosen.items()]
+
+
+# --- ResourceQuotas -----------------------------------------------------------------------
+
+
+def tenant_profiles(policies: PolicySet, tenant: Tenant) -> list[ResolvedProfile]:
+    """The profiles a tenant's pods can get, with the tenant's overrides applied."""
+    allowed = tenant.limits.allowed_profiles
+    names = [name for name in policies.profiles if allowed is None or name in allowed]
+    return [policies.resolve(name, tenant) for name in names]
+
+
+def tenant_gpu_resources(policies: PolicySet, tenant: Tenant) -> set[str]:
+    """The extended resources the backends put on this tenant's GPU containers."""
+    found: set[str] = set()
+    for profile in tenant_profiles(policies, tenant):
+        if profile.gpus > 0:
+            found.update(plan_for(profile, queue=tenant.queue).resources)
+    return found
+
+
+def mebibytes_ceil(amount: Decimal) -> int:
+    return int((amount / _MIB).to_integral_value(rounding=ROUND_CEILING))
+
+
+def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
+    """``spec.hard`` for a tenant's namespaces, from what the policy says today.
+
+    ``limits.gpuMemoryQuota`` bounds the GPU memory the tenant's pods reserve; the shared
+    backends request that reservation per container in MiB (``volcano.sh/vgpu-memory``,
+    ``nvidia.com/gpumem``), so the quota charges it there. Those resources count per GPU, so a
+    multi-GPU container is charged once: the quota never refuses what the webhook (which
+    multiplies by the GPU count) admits, and the webhook stays the exact check.
+    """
+    hard: dict[str, str] = {}
+    quota = tenant.limits.gpu_memory_quota
+    if quota is not None:
+        mib = mebibytes_ceil(quantity_value(quota))
+        for resource in sorted(tenant_gpu_resources(policies, tenant) & GPU_MEMORY_MIB_RESOURCES):
+            hard[f"requests.{resource}"] = str(mib)
+    return hard
+
+
+def resource_quota(
+    namespace: str, tenant: Tenant, policy: str, hard: Mapping[str, str]
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {
+            "name": f"gpuwarden-{tenant.name}",
+            "namespace": namespace,
+            "labels": {**MANAGED_BY, keys.ANNOTATION_TENANT: tenant.name},
+            "annotations": {ANNOTATION_RENDERED_FROM: f"{policy}/tenants/{tenant.name}"},
+        },
+        "spec": {"hard": dict(hard)},
+    }
+
+
+def _tenant_policy(policies: PolicySet, tenant: Tenant) -> str:
+    for policy in policies.policies:
+        if tenant in policy.spec.tenants:
+            return policy.metadata.name
+    return ""
+
+
+def _resource_quotas(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for tenant in policies.tenants:
+        hard = tenant_quota_hard(policies, tenant)
+        if tenant.limits.max_gpus_per_pod is not None:
+            out.note(
+                f"tenant {tenant.name}: limits.maxGpusPerPod is enforced by the validating "
+                "webhook, not by a LimitRange (a LimitRange max on an extended resource makes "
+                "the API server refuse every pod that names no limit for it)"
+            )
+        if not hard:
+            if tenant.limits.gpu_memory_quota is not None:
+                out.note(
+                    f"tenant {tenant.name}: gpuMemoryQuota has no ResourceQuota form on its "
+                    "backends (only Volcano vGPU and HAMi request GPU memory as a resource); "
+                    "the validating webhook enforces it"
+                )
+            continue
+        if not tenant.namespaces:
+            out.warnings.append(
+                f"tenant {tenant.name} selects its namespaces by label, so no ResourceQuota is "
+                "rendered (a quota needs a namespace): list them in spec.tenants[].namespaces, or "
+                "put the same hard limits in each Kubeflow Profile's spec.resourceQuotaSpec"
+            )
+            continue
+        policy = _tenant_policy(policies, tenant)
+        objects += [resource_quota(ns, tenant, policy, hard) for ns in tenant.namespaces]
+        if len(tenant.namespaces) > 1:
+            out.note(
+                f"tenant {tenant.name}: each of its {len(tenant.namespaces)} namespaces gets the "
+                "whole tenant quota (a ResourceQuota is per namespace); the webhook enforces the "
+                "tenant-wide total"
+            )
+    return objects
+
+
+def _is_extended(resource: str) -> bool:
+    """Extended resources are domain-qualified names outside kubernetes.io (nvidia.com/gpu)."""
+    if "/" not in resource:
+        return False
+    domain = resource.split("/", 1)[0]
+    return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
+
+
+def quota_key_warnings(hard: Mapping[str, Any], where: str) -> list[str]:
+    """Quota keys the API server accepts but never charges.
+
+    For extended resources (no overcommit, request equals limit) only ``requests.<resource>``
+    is counted; ``limits.<resource>`` and the bare ``<resource>`` stay at zero used forever.
+    """
+    warnings: list[str] = []
+    for key in sorted(map(str, hard)):
+        if key.startswith("count/") or key.startswith("requests."):
+            continue
+        if key.startswith("limits."):
+            resource = key.removeprefix("limits.")
+            if _is_extended(resource):
+                warnings.append(
+                    f"{where}: quota key {key} is accepted but never charged (quota counts only "
+                    f"requests.{resource} for extended resources); use requests.{resource}"
+                )
+            continue
+        if _is_extended(key):
+            warnings.append(
+                f"{where}: quota key {key} is accepted but never charged (quota counts only "
+                f"requests.{key} for extended resources); use requests.{key}"
+            )
+    return warnings
+
+
+# --- Volcano Queues -----------------------------------------------------------------------
+
+
+def volcano_queue(
+    name: str,
+    *,
+    weight: int = 1,
+    reclaimable: bool = True,
+    capability: Mapping[str, str] | None = None,
+    guarantee: Mapping[str, str] | None = None,
+    rendered_from: str = "",
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"weight": weight, "reclaimable": reclaimable}
+    if capability:
+        spec["capability"] = dict(capability)
+    if guarantee:
+        spec["guarantee"] = {"resource": dict(guarantee)}
+    metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
+    if rendered_from:
+        metadata["annotations"] = {ANNOTATION_RENDERED_FROM: rendered_from}
+    return {"apiVersion": VOLCANO_QUEUE_API, "kind": "Queue", "metadata": metadata, "spec": spec}
+
+
+def _uses_volcano(policies: PolicySet, tenant: Tenant) -> bool:
+    return any(isinstance(p.backend, VolcanoBackend) for p in tenant_profiles(policies, tenant))
+
+
+def _volcano_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
+    owners: dict[str, list[Tenant]] = {}
+    for tenant in policies.tenants:
+        if tenant.queue and _uses_volcano(policies, tenant):
+            owners.setdefault(tenant.queue, []).append(tenant)
+    for policy in policies.policies:
+        backends = [policy.spec.backend, *(p.backend for p in policy.spec.profiles if p.backend)]
+        for backend in backends:
+            if isinstance(backend, VolcanoBackend) and backend.queue:
+                owners.setdefault(backend.queue, [])
+    objects: list[dict[str, Any]] = []
+    for name, tenants in owners.items():
+        if name in BUILTIN_QUEUES:
+            continue
+        capability: dict[str, str] = {}
+        if len(tenants) == 1:
+            hard = tenant_quota_hard(policies, tenants[0])
+            capability = {
+                key.removeprefix("requests."): value
+                for key, value in hard.items()
+                if key.removeprefix("requests.") in GPU_MEMORY_MIB_RESOURCES
+                and key.startswith("requests.volcano.sh/")
+            }
+        elif len(tenants) > 1:
+            out.note(
+                f"queue {name} is shared by tenants {', '.join(t.name for t in tenants)}; it is "
+                "rendered without a capability"
+            )
+        source = ",".join(f"tenants/{t.name}" for t in tenants) or "backend.queue"
+        objects.append(volcano_queue(name, capability=capability, rendered_from=source))
+    if objects:
+        out.note(VOLCANO_OVERCOMMIT_NOTE)
+    return objects
