@@ -180,18 +180,17 @@ def _load_configmap(doc: Mapping[str, Any], where: PolicySource, out: _Collector
     if not isinstance(data, Mapping):
         out.issues.append(where.issue("data", "must be a mapping of file names to contents"))
         return
-    found = False
-    for key in sorted(map(str, data)):
-        if not key.endswith(_POLICY_SUFFIXES):
-            continue
-        found = True
+    policy_keys = [key for key in sorted(map(str, data)) if key.endswith(_POLICY_SUFFIXES)]
+    for key in policy_keys:
         text = data[key]
         prefix = f"data[{key!r}]"
         if not isinstance(text, str):
             out.issues.append(where.issue(prefix, "must be a string holding YAML"))
             continue
-        _load_text(text, f"{where.source}: document {where.document}: {prefix}", name, out)
-    if not found:
+        # A bare file is named after the ConfigMap; with several keys, after the key too.
+        stem = name if len(policy_keys) == 1 else f"{name}-{Path(key).stem}"
+        _load_text(text, f"{where.source}: document {where.document}: {prefix}", stem, out)
+    if not policy_keys:
         out.issues.append(where.issue("data", "holds no *.yaml, *.yml or *.json key"))
 
 

@@ -1,0 +1,19 @@
+"""Fixtures for the policy-core tests: the bundled default policies and the example namespaces."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwarden.policy import ClusterView, PolicySet, load_paths
+
+from .support import POLICIES, namespace_labels
+
+
+@pytest.fixture(scope="session")
+def default_policies() -> PolicySet:
+    return load_paths([POLICIES])
+
+
+@pytest.fixture(scope="session")
+def cluster() -> ClusterView:
+    return ClusterView(namespace_labels=namespace_labels())
