@@ -176,7 +176,8 @@ def _load_document(doc: Any, where: PolicySource, stem: str, out: _Collector) ->
 
 def _load_configmap(doc: Mapping[str, Any], where: PolicySource, out: _Collector) -> None:
     data = doc.get("data") or {}
-    name = str((doc.get("metadata") or {}).get("name") or "configmap")
+    meta = doc.get("metadata")
+    name = str((meta.get("name") if isinstance(meta, Mapping) else None) or "configmap")
     if not isinstance(data, Mapping):
         out.issues.append(where.issue("data", "must be a mapping of file names to contents"))
         return

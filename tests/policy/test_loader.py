@@ -149,6 +149,13 @@ def test_configmap_without_policy_keys_is_an_error() -> None:
     ]
 
 
+@pytest.mark.parametrize("meta", ["oops", "[1, 2]", "null"])
+def test_configmap_with_odd_metadata_still_loads(meta: str) -> None:
+    text = f"apiVersion: v1\nkind: ConfigMap\nmetadata: {meta}\ndata:\n  profiles.yaml: |\n"
+    text += "    profiles: [{name: a, maxMemory: 1Gi}]\n"
+    assert load_texts([("cm.yaml", text)]).names == ("configmap",)
+
+
 def test_missing_path_and_empty_directory(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match="no such file or directory"):
         load_paths([tmp_path / "nope.yaml"])
