@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes import client as k8s_client
 
 from .controlplane import ControlPlane, Tools, build_tools
+from .webhook import AUDIT_POLICY, AuditLog, WebhookStack, webhook_stack
 
 _E2E_DIR = Path(__file__).resolve().parent
 
@@ -37,12 +39,31 @@ def e2e_tools(pytestconfig: pytest.Config) -> Tools:
 
 
 @pytest.fixture(scope="session")
-def control_plane(e2e_tools: Tools) -> Iterator[ControlPlane]:
+def audit_log(tmp_path_factory: pytest.TempPathFactory) -> AuditLog:
+    """The API server's audit log of pod creations (Metadata level, JSON lines).
+
+    The admission webhooks' audit annotations in it are the API server's own account of which
+    webhook it called, in which round, and whether that call mutated the pod or failed open.
+    """
+    directory = tmp_path_factory.mktemp("audit")
+    (directory / "policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+    return AuditLog(directory / "audit.log")
+
+
+@pytest.fixture(scope="session")
+def control_plane(e2e_tools: Tools, audit_log: AuditLog) -> Iterator[ControlPlane]:
     """etcd + kube-apiserver, started once per session and stopped at its end.
 
     Set GPUWARDEN_E2E_KEEP=1 to keep the work directory (logs, certificates, kubeconfig).
     """
-    plane = ControlPlane(e2e_tools, keep_workdir=bool(os.environ.get("GPUWARDEN_E2E_KEEP")))
+    plane = ControlPlane(
+        e2e_tools,
+        keep_workdir=bool(os.environ.get("GPUWARDEN_E2E_KEEP")),
+        extra_apiserver_args=(
+            f"--audit-policy-file={audit_log.path.parent / 'policy.yaml'}",
+            f"--audit-log-path={audit_log.path}",
+        ),
+    )
     plane.start()
     try:
         yield plane
@@ -72,3 +93,24 @@ def namespace(api_client: k8s_client.ApiClient) -> str:
         k8s_client.V1Namespace(metadata=k8s_client.V1ObjectMeta(name=name))
     )
     return name
+
+
+@pytest.fixture(scope="module")
+def gpuwarden(
+    control_plane: ControlPlane, e2e_tools: Tools, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WebhookStack]:
+    """gpuwarden serve (one per test module) registered through the chart's webhooks.
+
+    The PriorityClasses the policies imply are created first, as the chart does.
+    """
+    api = control_plane.api_client()
+    try:
+        with webhook_stack(
+            api,
+            kubeconfig=control_plane.kubeconfig_path,
+            helm=e2e_tools.helm,
+            workdir=tmp_path_factory.mktemp("gpuwarden"),
+        ) as stack:
+            yield stack
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
