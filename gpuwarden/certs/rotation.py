@@ -65,6 +65,11 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _ca_name(base: str, now: datetime.datetime | None) -> str:
+    # The issue time tells the CAs of a bundle apart during a rotation.
+    return f"{base} {(now or _now()):%Y-%m-%dT%H:%M:%SZ}"
+
+
 def load_bundle(pem: bytes) -> list[x509.Certificate]:
     try:
         return x509.load_pem_x509_certificates(pem)
@@ -168,7 +173,7 @@ def issue_directory(
     common_name: str = "gpuwarden-webhook-ca",
 ) -> CertDirectory:
     """A fresh CA and serving certificate in ``out`` (existing files are replaced)."""
-    ca = new_ca(common_name=common_name, valid_for=ca_lifetime, now=now)
+    ca = new_ca(common_name=_ca_name(common_name, now), valid_for=ca_lifetime, now=now)
     directory = CertDirectory(out)
     ca.write(out, CA_CERT, CA_KEY)
     _serve(directory, ca, names, now=now, lifetime=serving_lifetime)
@@ -271,7 +276,7 @@ def rotate_ca(
         old = load_bundle(directory.ca_cert.read_bytes())
     except OSError as exc:
         raise CertificateError(f"{directory.ca_cert}: cannot read: {exc}") from exc
-    ca = new_ca(common_name=common_name, valid_for=ca_lifetime, now=now)
+    ca = new_ca(common_name=_ca_name(common_name, now), valid_for=ca_lifetime, now=now)
     moment = now or _now()
     kept = [cert for cert in old if cert.not_valid_after_utc > moment]
     bundle = [ca.certificate, *kept]

@@ -109,7 +109,7 @@ class AdmissionHandler:
         )
         return _text(status, f"{self.endpoint}: {message}")
 
-    async def __call__(self, request: web.Request) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         settings = self.ctx.settings
         length = request.content_length
@@ -224,13 +224,12 @@ async def _no_tracebacks(
 
 def admission_app(context: WebhookContext) -> web.Application:
     """The TLS application the API server calls."""
-    # aiohttp refuses bodies over client_max_size with 413 on read(); one byte of slack lets
-    # our handler tell the size apart from a chunked upload that exactly fits.
+    # aiohttp refuses a body over client_max_size on read(), chunked uploads included.
     app = web.Application(client_max_size=context.settings.max_body, middlewares=[_no_tracebacks])
     app.add_routes(
         [
-            web.post("/mutate", AdmissionHandler(context, "mutate")),
-            web.post("/validate", AdmissionHandler(context, "validate")),
+            web.post("/mutate", AdmissionHandler(context, "mutate").handle),
+            web.post("/validate", AdmissionHandler(context, "validate").handle),
             *_probes(context),
         ]
     )
