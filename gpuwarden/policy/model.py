@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -262,6 +263,12 @@ class Profile(_ProfileSettings):
     backend: Backend | None = Field(
         default=None, description="Scheduler backend for this profile instead of the policy's"
     )
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend_shorthand(cls, value: Any) -> Any:
+        # The Annotated validator is lost inside `Backend | None`; apply the shorthand here.
+        return _backend_shorthand(value)
 
     @property
     def derived_priority_class(self) -> str:
