@@ -1,0 +1,129 @@
+{{/* Chart name, shortened to a DNS label. */}}
+{{- define "gpuwarden.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name: <release>-gpuwarden unless the release name already says gpuwarden. It also
+names both webhook configurations, which `gpuwarden certs` patches by that name. */}}
+{{- define "gpuwarden.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuwarden.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "gpuwarden.webhook.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "gpuwarden.nodeAgent.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: node-agent
+{{- end -}}
+
+{{- define "gpuwarden.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gpuwarden.webhook.serviceAccount" -}}{{ include "gpuwarden.fullname" . }}-webhook{{- end -}}
+{{- define "gpuwarden.nodeAgent.serviceAccount" -}}{{ include "gpuwarden.fullname" . }}-node-agent{{- end -}}
+{{- define "gpuwarden.tlsSecret" -}}{{ include "gpuwarden.fullname" . }}-tls{{- end -}}
+{{- define "gpuwarden.policiesConfigMap" -}}{{ include "gpuwarden.fullname" . }}-policies{{- end -}}
+
+{{/* The TLS mode, refusing anything but the two supported ones. */}}
+{{- define "gpuwarden.tlsMode" -}}
+{{- $mode := .Values.tls.mode -}}
+{{- if not (has $mode (list "cert-manager" "self-managed")) -}}
+{{- fail (printf "tls.mode must be cert-manager or self-managed, got %q" $mode) -}}
+{{- end -}}
+{{- $mode -}}
+{{- end -}}
+
+{{/* Every GPUPolicy document in .Values.policies, as a JSON list of
+{"policy": <name>, "profiles": [...]}. A value is YAML text (one or more documents) or a
+mapping; a document without kind is a bare spec named after its key, as the loader does. */}}
+{{- define "gpuwarden.policyDocuments" -}}
+{{- $docs := list -}}
+{{- range $key, $value := .Values.policies -}}
+{{- if not (regexMatch "\\.(ya?ml|json)$" $key) -}}
+{{- fail (printf "policies.%s: keys are file names and must end in .yaml, .yml or .json (gpuwarden reads only those)" $key) -}}
+{{- end -}}
+{{- $parts := list -}}
+{{- if kindIs "string" $value -}}
+{{- range $text := regexSplit "(?m)^---[ \t]*$" $value -1 -}}
+{{- $doc := fromYaml $text -}}
+{{- if hasKey $doc "Error" -}}
+{{- fail (printf "policies.%s: not valid YAML: %s" $key (get $doc "Error")) -}}
+{{- end -}}
+{{- if $doc -}}{{- $parts = append $parts $doc -}}{{- end -}}
+{{- end -}}
+{{- else if kindIs "map" $value -}}
+{{- $parts = append $parts $value -}}
+{{- else -}}
+{{- fail (printf "policies.%s must be YAML text or a mapping" $key) -}}
+{{- end -}}
+{{- range $doc := $parts -}}
+{{- $kind := default "" $doc.kind -}}
+{{- if eq $kind "GPUPolicy" -}}
+{{- $docs = append $docs (dict "policy" $doc.metadata.name "profiles" (default list $doc.spec.profiles)) -}}
+{{- else if eq $kind "" -}}
+{{- $stem := regexReplaceAll "\\.(ya?ml|json)$" $key "" | lower -}}
+{{- $stem = regexReplaceAll "[^a-z0-9-]+" $stem "-" | trimAll "-" | trunc 53 | trimAll "-" -}}
+{{- $docs = append $docs (dict "policy" (default "policy" $stem) "profiles" (default list $doc.profiles)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $docs -}}
+{{- end -}}
+
+{{/* Soft anti-affinity: prefer replicas on different nodes, then different zones. */}}
+{{- define "gpuwarden.webhook.affinity" -}}
+{{- if .Values.webhook.affinity -}}
+{{- toYaml .Values.webhook.affinity -}}
+{{- else -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "gpuwarden.webhook.selectorLabels" . | nindent 12 }}
+    - weight: 50
+      podAffinityTerm:
+        topologyKey: topology.kubernetes.io/zone
+        labelSelector:
+          matchLabels:
+            {{- include "gpuwarden.webhook.selectorLabels" . | nindent 12 }}
+{{- end -}}
+{{- end -}}
+
+{{/* Container securityContext shared by every gpuwarden container that needs no privilege. */}}
+{{- define "gpuwarden.restrictedSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
