@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
+# Warnings are shorter than this (the issue's "under 120 characters each").
 MAX_WARNING = 120
 
 
@@ -73,4 +74,4 @@ class Decision:
 def warning(text: str) -> str:
     """One warning line, kept under the API server's comfortable length."""
     text = " ".join(text.split())
-    return text if len(text) <= MAX_WARNING else text[: MAX_WARNING - 3] + "..."
+    return text if len(text) < MAX_WARNING else text[: MAX_WARNING - 4] + "..."
