@@ -304,17 +304,14 @@ def test_idempotent_on_every_example(
 
 @pytest.mark.parametrize("namespace", ["tenant-a", "tenant-b", "carol", "no-tenant"])
 @pytest.mark.parametrize("name", GOVERNED)
-def test_idempotent_in_every_kind_of_namespace(name: str, namespace: str) -> None:
-    from gpuwarden.policy import load_paths
-
-    from .support import POLICIES
-
-    policies = load_paths([POLICIES])
+def test_idempotent_in_every_kind_of_namespace(
+    name: str, namespace: str, default_policies: PolicySet
+) -> None:
     cluster = ClusterView(
         namespace_labels={"carol": {"app.kubernetes.io/part-of": "kubeflow-profile"}}
     )
-    once = mutated(example(name), policies, cluster, namespace)
-    assert mutate(create(once, namespace), policies, cluster).patch == ()
+    once = mutated(example(name), default_policies, cluster, namespace)
+    assert mutate(create(once, namespace), default_policies, cluster).patch == ()
 
 
 @pytest.mark.parametrize("path", EXAMPLE_PODS, ids=EXAMPLE_IDS)
