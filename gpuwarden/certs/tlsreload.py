@@ -33,13 +33,14 @@ class TLSFiles:
 
 def server_context(files: TLSFiles) -> ssl.SSLContext:
     """A server context: TLS 1.2 at least, and client certificates required with a client CA."""
+    for path in files.paths():
+        if not path.is_file():
+            raise TLSConfigError(f"{path}: no such file")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.options |= ssl.OP_NO_COMPRESSION
     try:
         ctx.load_cert_chain(files.cert, files.key)
-    except FileNotFoundError as exc:
-        raise TLSConfigError(f"{exc.filename}: no such file") from exc
     except (ssl.SSLError, OSError) as exc:
         raise TLSConfigError(
             f"{files.cert} / {files.key}: cannot load the certificate and key: {exc}"
@@ -47,8 +48,6 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
     if files.client_ca is not None:
         try:
             ctx.load_verify_locations(cafile=files.client_ca)
-        except FileNotFoundError as exc:
-            raise TLSConfigError(f"{files.client_ca}: no such file") from exc
         except (ssl.SSLError, OSError) as exc:
             raise TLSConfigError(f"{files.client_ca}: cannot load the client CA: {exc}") from exc
         ctx.verify_mode = ssl.CERT_REQUIRED

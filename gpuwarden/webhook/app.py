@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,10 @@ class WebhookContext:
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="evaluate")
     )
+    # Set on SIGTERM: answers carry "Connection: close" so clients move to another replica.
+    draining: bool = False
+    in_flight: int = 0
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
     # Test seam: replaces the policy core call (to provoke internal errors).
     evaluate: Callable[[Endpoint, Review], Decision] | None = None
 
@@ -88,6 +93,7 @@ class AdmissionHandler:
     def __init__(self, context: WebhookContext, endpoint: Endpoint) -> None:
         self.ctx = context
         self.endpoint = endpoint
+        self.pid = os.getpid()
 
     def _evaluate(self, review: Review) -> Decision:
         if self.ctx.evaluate is not None:
@@ -110,6 +116,23 @@ class AdmissionHandler:
         return _text(status, f"{self.endpoint}: {message}")
 
     async def handle(self, request: web.Request) -> web.Response:
+        ctx = self.ctx
+        gauge = ctx.metrics.in_flight
+        gauge.inc()
+        ctx.in_flight += 1
+        ctx.idle.clear()
+        try:
+            response = await self._handle(request)
+            if ctx.draining:
+                response.force_close()
+            return response
+        finally:
+            gauge.dec()
+            ctx.in_flight -= 1
+            if ctx.in_flight == 0:
+                ctx.idle.set()
+
+    async def _handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         settings = self.ctx.settings
         length = request.content_length
@@ -178,6 +201,7 @@ class AdmissionHandler:
                     "patched": bool(payload["response"].get("patch")),
                     "dry_run": review.dry_run,
                     "duration_ms": round(elapsed * 1000, 3),
+                    "worker": self.pid,
                 }
             },
         )

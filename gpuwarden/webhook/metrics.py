@@ -57,6 +57,12 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.in_flight = Gauge(
+            "gpuwarden_admission_in_flight",
+            "Admission requests being read or evaluated now.",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
         self.bad_requests = Counter(
             "gpuwarden_admission_bad_requests_total",
             "Requests refused as malformed (4xx), by endpoint and status code.",

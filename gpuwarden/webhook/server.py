@@ -180,12 +180,31 @@ class WebhookServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
             self._ticker = None
+        await self._drain()
         for runner in self._runners:
             await runner.cleanup()
         self._runners.clear()
         if self.context is not None:
             self.context.cluster.stop()
             self.context.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _drain(self) -> None:
+        """Close the listeners, then wait for the requests already received to be answered.
+
+        aiohttp's own shutdown stops reading from connections, which would strand a request
+        whose body is still arriving; so in-flight requests finish before it runs.
+        """
+        if not self._runners or self.context is None:
+            return
+        context = self.context
+        context.draining = True
+        for runner in self._runners:
+            for site in list(runner.sites):
+                await site.stop()
+        if context.in_flight:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.shutdown_timeout):
+                    await context.idle.wait()
 
     async def run(self) -> None:
         """Serve until SIGTERM or SIGINT, then stop gracefully."""
