@@ -1,0 +1,138 @@
+"""The node agent's Kubernetes side: its node's pods, Events, and evictions.
+
+* The pods come from a list+watch with the field selector ``spec.nodeName=<node>`` (the shared
+  :class:`~gpuwarden.kube.informer.Informer`), kept as raw JSON objects.
+* Events are core/v1 Events on the pod (or on the Node), as kubelet writes them, so
+  ``kubectl describe pod`` shows them.
+* Evictions go through the pod's ``eviction`` subresource (policy/v1), so PodDisruptionBudgets
+  are honoured; the API server refuses with 429 when a budget does not allow it.
+
+The class satisfies the agent's ``Cluster`` protocol structurally; it imports nothing of the node
+room.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.kube.informer import Informer, MappingSink, Obj
+
+COMPONENT = "gpuwarden-node-agent"
+REPORTING_CONTROLLER = "gpuwarden.io/node-agent"
+# core/v1 Event messages are cut here (events.k8s.io allows 1 KiB notes); the start matters most.
+_MESSAGE_LIMIT = 1024
+
+
+def _keep(obj: Obj) -> Obj:
+    return obj
+
+
+class NodeCluster:
+    """Pods of one node (watched), plus Events and evictions, through the kubernetes client."""
+
+    def __init__(
+        self,
+        api: k8s_client.ApiClient,
+        node_name: str,
+        *,
+        watch_timeout: int = 300,
+        component: str = COMPONENT,
+    ) -> None:
+        self.node_name = node_name
+        self.component = component
+        self.core = k8s_client.CoreV1Api(api)
+        self._sink: MappingSink[Obj] = MappingSink()
+        self.informer: Informer[Obj] = Informer(
+            f"pods-on-{node_name}",
+            functools.partial(
+                self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node_name}"
+            ),
+            _keep,
+            self._sink,
+            watch_timeout=watch_timeout,
+        )
+
+    def start(self, timeout: float = 30.0) -> bool:
+        """Start the watch; True once the first list arrived within ``timeout`` seconds."""
+        self.informer.start()
+        return self.informer.wait_synced(timeout)
+
+    def stop(self) -> None:
+        self.informer.stop()
+
+    def pods(self) -> list[Mapping[str, Any]]:
+        return list(self._sink.snapshot.values())
+
+    def _event(
+        self,
+        namespace: str,
+        involved: k8s_client.V1ObjectReference,
+        reason: str,
+        message: str,
+        type_: str,
+    ) -> None:
+        now = datetime.now(UTC)
+        body = k8s_client.CoreV1Event(
+            metadata=k8s_client.V1ObjectMeta(
+                generate_name=f"{involved.name}.", namespace=namespace
+            ),
+            involved_object=involved,
+            reason=reason,
+            message=message[:_MESSAGE_LIMIT],
+            type=type_,
+            source=k8s_client.V1EventSource(component=self.component, host=self.node_name),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            reporting_component=REPORTING_CONTROLLER,
+            reporting_instance=self.node_name,
+        )
+        response: Any = self.core.create_namespaced_event(namespace, body, _preload_content=False)
+        response.release_conn()
+
+    def pod_event(
+        self, namespace: str, name: str, uid: str, reason: str, message: str, type_: str
+    ) -> None:
+        involved = k8s_client.V1ObjectReference(
+            api_version="v1", kind="Pod", namespace=namespace, name=name, uid=uid
+        )
+        self._event(namespace, involved, reason, message, type_)
+
+    def node_event(self, reason: str, message: str, type_: str) -> None:
+        # kubelet's convention: node events live in "default" and use the node name as UID.
+        involved = k8s_client.V1ObjectReference(
+            api_version="v1", kind="Node", name=self.node_name, uid=self.node_name
+        )
+        self._event("default", involved, reason, message, type_)
+
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        """Ask for an eviction; returns what the API server decided, in words."""
+        body = k8s_client.V1Eviction(
+            api_version="policy/v1",
+            kind="Eviction",
+            metadata=k8s_client.V1ObjectMeta(name=name, namespace=namespace),
+            # Never evict a newer pod that took the same name.
+            delete_options=k8s_client.V1DeleteOptions(
+                preconditions=k8s_client.V1Preconditions(uid=uid)
+            ),
+        )
+        try:
+            response: Any = self.core.create_namespaced_pod_eviction(
+                name, namespace, body, _preload_content=False
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                return f"refused for now by a PodDisruptionBudget (429): {exc.body or exc.reason}"
+            if exc.status == 404:
+                return "the pod is already gone"
+            if exc.status == 409:
+                return "the pod was replaced by another with the same name; not evicted"
+            raise
+        response.release_conn()
+        return f"evicted (HTTP {response.status})"

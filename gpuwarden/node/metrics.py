@@ -1,0 +1,141 @@
+"""Prometheus metrics of the node agent, from its last tick, in a registry of its own.
+
+Gauges are rebuilt from the last :class:`~gpuwarden.node.agent.TickReport` on every scrape, so a pod
+that left the node leaves no stale series behind. Counters come from the agent's running totals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwarden.node.agent import NodeAgent
+
+PREFIX = "gpuwarden_node"
+
+
+_GPU = ("node", "gpu")
+_CONTAINER = ("node", "namespace", "pod", "container", "gpu")
+# name (after the prefix) -> (help, labels)
+_GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "gpu_memory_total_bytes": ("GPU memory.", ("node", "gpu", "uuid")),
+    "gpu_memory_used_bytes": ("GPU memory in use (NVML).", _GPU),
+    "gpu_memory_ceiling_bytes": (
+        "MPS daemon default pinned-memory limit (the ceiling) per GPU.",
+        _GPU,
+    ),
+    "gpu_mps_managed": (
+        "1 where the agent applies MPS limits on the GPU, 0 where it refuses (MIG).",
+        _GPU,
+    ),
+    "gpu_oversubscribed": (
+        "1 while the caps of the pods on the GPU exceed its memory times their overcommit ratio.",
+        _GPU,
+    ),
+    "gpu_memory_reserved_bytes": (
+        "Sum of cap / overcommit ratio of the pods on an oversubscribed GPU.",
+        _GPU,
+    ),
+    "gpu_unknown_processes": ("GPU processes that belong to no pod on this node.", _GPU),
+    "pod_gpu_memory_used_bytes": ("GPU memory used by a pod's container on one GPU.", _CONTAINER),
+    "pod_gpu_memory_cap_bytes": (
+        "The container's GPU-memory cap (gpuwarden.io/gpu-memory-limit).",
+        _CONTAINER,
+    ),
+    "pod_over_cap": ("1 while the container uses more GPU memory than its cap.", _CONTAINER),
+    "pod_mps_thread_percentage": (
+        "The pod's MPS active thread percentage (gpuwarden.io/mps-thread-percentage).",
+        ("node", "namespace", "pod"),
+    ),
+    "mps_daemon_healthy": (
+        "1 when the MPS control daemon answered the last health check.",
+        ("node",),
+    ),
+    "mps_servers": ("Running MPS servers (one per user ID).", ("node",)),
+}
+
+
+class AgentCollector(Collector):
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        agent = self.agent
+        report = agent.last_report
+        node = agent.config.node_name
+        g = {
+            name: GaugeMetricFamily(f"{PREFIX}_{name}", text, labels=list(labels))
+            for name, (text, labels) in _GAUGES.items()
+        }
+        if report is not None:
+            over_gpus = {o.gpu: o for o in report.oversubscribed}
+            unknown_count: dict[int, int] = {}
+            for proc in report.unknown:
+                unknown_count[proc.gpu] = unknown_count.get(proc.gpu, 0) + 1
+            for status in report.gpus:
+                gpu = str(status.device.index)
+                g["gpu_memory_total_bytes"].add_metric(
+                    [node, gpu, status.device.uuid], status.device.memory_total
+                )
+                if status.memory_used is not None:
+                    g["gpu_memory_used_bytes"].add_metric([node, gpu], status.memory_used)
+                if status.ceiling is not None:
+                    g["gpu_memory_ceiling_bytes"].add_metric([node, gpu], status.ceiling)
+                g["gpu_mps_managed"].add_metric([node, gpu], 1 if status.managed else 0)
+                over = over_gpus.get(status.device.index)
+                g["gpu_oversubscribed"].add_metric([node, gpu], 1 if over is not None else 0)
+                if over is not None:
+                    g["gpu_memory_reserved_bytes"].add_metric([node, gpu], over.reserved)
+                g["gpu_unknown_processes"].add_metric(
+                    [node, gpu], unknown_count.get(status.device.index, 0)
+                )
+            violating = {(v.pod.uid, v.container, v.gpu) for v in report.violations}
+            threads_seen: set[str] = set()
+            for usage in report.usage:
+                labels = [
+                    node,
+                    usage.pod.namespace,
+                    usage.pod.name,
+                    usage.container,
+                    str(usage.gpu),
+                ]
+                g["pod_gpu_memory_used_bytes"].add_metric(labels, usage.used)
+                if usage.cap is not None:
+                    g["pod_gpu_memory_cap_bytes"].add_metric(labels, usage.cap)
+                    key = (usage.pod.uid, usage.container, usage.gpu)
+                    g["pod_over_cap"].add_metric(labels, 1 if key in violating else 0)
+                if usage.thread_percentage is not None and usage.pod.uid not in threads_seen:
+                    threads_seen.add(usage.pod.uid)
+                    g["pod_mps_thread_percentage"].add_metric(
+                        [node, usage.pod.namespace, usage.pod.name], usage.thread_percentage
+                    )
+            if report.mps_healthy is not None:
+                g["mps_daemon_healthy"].add_metric([node], 1 if report.mps_healthy else 0)
+                g["mps_servers"].add_metric([node], len(report.servers))
+        yield from g.values()
+
+        violations = CounterMetricFamily(
+            f"{PREFIX}_violations",
+            "Times a container was found above its GPU-memory cap, by the action taken.",
+            labels=["node", "namespace", "pod", "action"],
+        )
+        for (namespace, pod, action), count in sorted(agent.violation_counts().items()):
+            violations.add_metric([node, namespace, pod, action], count)
+        yield violations
+        restarts = CounterMetricFamily(
+            f"{PREFIX}_mps_daemon_restarts",
+            "Times the agent found the MPS control daemon restarted and set its limits again.",
+            labels=["node"],
+        )
+        restarts.add_metric([node], agent.daemon_restarts)
+        yield restarts
+
+
+def agent_registry(agent: NodeAgent) -> CollectorRegistry:
+    """A registry holding only the agent's metrics (never the process-global one)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent))
+    return registry
