@@ -49,7 +49,9 @@ from gpuwarden.policy import (
     PolicySet,
     PriorityClassInfo,
     admit,
+    load_paths,
 )
+from gpuwarden.policy.loader import policy_files
 from gpuwarden.policy.quantity import parse_quantity
 
 from .controlplane import REPO_ROOT, free_ports
@@ -429,30 +431,6 @@ def webhook_names(configs: Iterable[Mapping[str, Any]], kind: str) -> list[str]:
 # --- PriorityClasses -------------------------------------------------------------------------
 
 
-def priority_class_manifests(policies: PolicySet) -> list[Obj]:
-    """One PriorityClass per profile: gpuwarden-<profile> (or the profile's own class name).
-
-    preemptionPolicy is Never for preemptible profiles: they wait rather than evict others.
-    """
-    out = []
-    for profile in policies.profiles.values():
-        out.append(
-            {
-                "apiVersion": "scheduling.k8s.io/v1",
-                "kind": "PriorityClass",
-                "metadata": {
-                    "name": profile.derived_priority_class,
-                    "labels": {"app.kubernetes.io/managed-by": "gpuwarden"},
-                },
-                "value": profile.priority,
-                "globalDefault": False,
-                "preemptionPolicy": "Never" if profile.preemptible else "PreemptLowerPriority",
-                "description": f"gpuwarden profile {profile.name}",
-            }
-        )
-    return out
-
-
 def ensure_priority_classes(api: k8s_client.ApiClient, manifests: Iterable[Obj]) -> None:
     scheduling = k8s_client.SchedulingV1Api(api)
     for manifest in manifests:
@@ -567,6 +545,32 @@ def create_pod(
     )
     warnings = tuple(parse_warning(h) for h in response.headers.getlist("Warning"))
     return Created(pod=json.loads(response.data), warnings=warnings, status=response.status)
+
+
+SERVER_SET_METADATA = (
+    "uid",
+    "creationTimestamp",
+    "resourceVersion",
+    "managedFields",
+    "generation",
+)
+
+
+def api_defaults(api: k8s_client.ApiClient, pod: Mapping[str, Any]) -> Obj:
+    """The pod with the API server's defaults applied, as a mutating webhook receives it."""
+    probe = copy.deepcopy(dict(pod))
+    namespace = probe["metadata"]["namespace"]
+    name = probe["metadata"]["name"]
+    probe["metadata"]["namespace"] = "kube-system"
+    # A name of its own: the pod itself may exist already (a dry run of it would conflict).
+    probe["metadata"]["name"] = f"defaults-{uuid.uuid4().hex[:12]}"
+    defaulted = create_pod(api, probe, dry_run=True).pod
+    defaulted["metadata"]["namespace"] = namespace
+    defaulted["metadata"]["name"] = name
+    for key in SERVER_SET_METADATA:
+        defaulted["metadata"].pop(key, None)
+    defaulted.pop("status", None)
+    return defaulted
 
 
 def read_pod(api: k8s_client.ApiClient, namespace: str, name: str) -> Obj:
@@ -692,6 +696,18 @@ def container_view(pod: Mapping[str, Any], field_name: str = "containers") -> di
     return out
 
 
+def comparable_spec(pod: Mapping[str, Any]) -> Obj:
+    """spec with every resource quantity as a number (the API server canonicalizes spelling)."""
+    spec = copy.deepcopy(dict(pod.get("spec") or {}))
+    for field_name in ("containers", "initContainers", "ephemeralContainers"):
+        for container in spec.get(field_name) or []:
+            resources = container.get("resources") or {}
+            for part in ("requests", "limits"):
+                if part in resources:
+                    resources[part] = quantities(resources[part])
+    return spec
+
+
 def scheduler_name(pod: Mapping[str, Any]) -> str:
     """spec.schedulerName, with the API server's default for an unset one."""
     return str((pod.get("spec") or {}).get("schedulerName") or "default-scheduler")
@@ -763,31 +779,54 @@ def webhook_audit(event: Mapping[str, Any], prefix: str) -> dict[str, Obj]:
     return dict(sorted(out.items()))
 
 
-# --- one gpuwarden deployment: server, chart webhooks, PriorityClasses ------------------------
+# --- one gpuwarden deployment, as the chart describes it ---------------------------------------
+
+#: `gpuwarden serve` flags of the chart's Deployment that name in-cluster places (the mounted
+#: ConfigMap and Secret, the container ports); the fixture gives local ones instead.
+_LOCATION_FLAGS = (
+    "--policies",
+    "--tls-cert",
+    "--tls-key",
+    "--cert-dir",
+    "--service",
+    "--service-namespace",
+    "--port",
+    "--metrics-port",
+    "--host",
+)
 
 
-def chart_manifests(
-    helm: Path, workdir: Path, values: Mapping[str, Any] | None = None
-) -> list[Obj]:
-    if not (CHART_DIR / "Chart.yaml").is_file():
-        return []
-    return render_chart(helm, values=values, workdir=workdir)
+def chart_values_for(policy_sources: Sequence[Path]) -> Obj:
+    """Chart values that ship these policy files (the chart's own default governs nothing)."""
+    files = policy_files(policy_sources)
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise E2EError(f"policy files with the same name: {names}")
+    return {"policies": {f.name: f.read_text() for f in files}}
 
 
-def rendered_priority_classes(policies: Sequence[Path], chart: Sequence[Obj]) -> list[Obj]:
-    """The PriorityClasses as installed: the chart's if it renders them, else `gpuwarden render`."""
-    from_chart = [doc for doc in chart if doc.get("kind") == "PriorityClass"]
-    if from_chart:
-        return from_chart
-    argv = [sys.executable, "-m", "gpuwarden", "render", "-o", "json", "--no-quotas", "--no-queues"]
-    for path in policies:
-        argv += ["--policies", str(path)]
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    if result.returncode != 0:
-        raise E2EError(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
-    data = json.loads(result.stdout)
-    items = data.get("items", [data]) if isinstance(data, dict) else data
-    return [doc for doc in items if isinstance(doc, dict) and doc.get("kind") == "PriorityClass"]
+def chart_policies(rendered: Iterable[Mapping[str, Any]], directory: Path) -> Path:
+    """Write the chart's policy ConfigMap into ``directory`` as the kubelet would mount it."""
+    name = f"{RELEASE_NAME}-policies"
+    for doc in rendered:
+        if doc.get("kind") == "ConfigMap" and (doc.get("metadata") or {}).get("name") == name:
+            directory.mkdir(parents=True, exist_ok=True)
+            for key, text in (doc.get("data") or {}).items():
+                (directory / key).write_text(text)
+            return directory
+    raise E2EError(f"helm template rendered no ConfigMap {name}")
+
+
+def chart_serve_args(rendered: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The behaviour flags the chart's Deployment gives `gpuwarden serve` (deadline, ...)."""
+    for doc in rendered:
+        if doc.get("kind") != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            args = [str(a) for a in container.get("args") or []]
+            if args[:1] == ["serve"]:
+                return [a for a in args[1:] if not a.startswith(_LOCATION_FLAGS)]
+    raise E2EError("helm template rendered no Deployment running `gpuwarden serve`")
 
 
 @dataclass
@@ -817,21 +856,20 @@ class WebhookStack:
     def uninstall(self) -> None:
         delete_webhook_configurations(self.api, self.configs)
 
-    def failure_policies(self) -> set[str]:
-        return {
-            str(hook.get("failurePolicy", "Fail"))
-            for config in self.configs
-            for hook in config.get("webhooks") or []
-        }
-
     def namespace_labels(self, namespace: str) -> dict[str, str]:
         ns = k8s_client.CoreV1Api(self.api).read_namespace(namespace)
         return dict(ns.metadata.labels or {})
 
     def expect(self, pod: Mapping[str, Any]) -> Admission:
+        """The policy core's verdict on the pod as the API server hands it to the webhook.
+
+        That is the pod after the API server's defaulting (fieldRef apiVersion, restartPolicy,
+        imagePullPolicy, requests copied from limits, priority 0, ...), obtained by a dry-run
+        creation in kube-system, where no webhook of ours is called.
+        """
         namespace = str(pod["metadata"]["namespace"])
         return expected_admission(
-            pod,
+            api_defaults(self.api, pod),
             self.policies,
             namespace_labels={namespace: self.namespace_labels(namespace)},
             priority_classes=self.priority_classes,
@@ -853,68 +891,6 @@ class WebhookStack:
         return namespace
 
 
-def _interim_chart_webhooks() -> list[Obj]:
-    """Until charts/gpuwarden renders its webhooks: the equivalent this suite was written against.
-
-    Removed once the chart exists; the tests install what the chart renders.
-    """
-    scope = {
-        "matchExpressions": [
-            {
-                "key": "kubernetes.io/metadata.name",
-                "operator": "NotIn",
-                "values": ["kube-system", RELEASE_NAMESPACE],
-            },
-            {"key": "gpuwarden.io/ignore", "operator": "DoesNotExist"},
-        ]
-    }
-    objects = {"matchExpressions": [{"key": "gpuwarden.io/ignore", "operator": "DoesNotExist"}]}
-    common = {
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Fail",
-        "timeoutSeconds": 10,
-        "namespaceSelector": scope,
-        "objectSelector": objects,
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "operations": ["CREATE"],
-                "resources": ["pods"],
-                "scope": "Namespaced",
-            }
-        ],
-    }
-
-    def client(path: str) -> Obj:
-        return {"service": {"name": RELEASE_NAME, "namespace": RELEASE_NAMESPACE, "path": path}}
-
-    return [
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "MutatingWebhookConfiguration",
-            "metadata": {"name": RELEASE_NAME},
-            "webhooks": [
-                {
-                    "name": "mutate.gpuwarden.io",
-                    "clientConfig": client("/mutate"),
-                    "reinvocationPolicy": "IfNeeded",
-                    **common,
-                }
-            ],
-        },
-        {
-            "apiVersion": "admissionregistration.k8s.io/v1",
-            "kind": "ValidatingWebhookConfiguration",
-            "metadata": {"name": RELEASE_NAME},
-            "webhooks": [
-                {"name": "validate.gpuwarden.io", "clientConfig": client("/validate"), **common}
-            ],
-        },
-    ]
-
-
 @contextlib.contextmanager
 def webhook_stack(
     api: k8s_client.ApiClient,
@@ -926,21 +902,26 @@ def webhook_stack(
     chart_values: Mapping[str, Any] | None = None,
     server_args: Sequence[str] = (),
 ) -> Iterator[WebhookStack]:
-    """Start gpuwarden serve, create the PriorityClasses, install the chart's webhooks.
+    """gpuwarden as the chart installs it, with the webhook running here instead of in a pod.
 
-    On exit the webhook configurations are deleted and the server stopped, so the next module's
-    pods are not sent to a server that is gone.
+    ``helm template`` renders the chart with ``policies`` as its policy values. From the output:
+    the PriorityClasses are created first; the policy ConfigMap is written to a directory that
+    `gpuwarden serve` serves (as the Deployment mounts it); the Deployment's behaviour flags are
+    passed on; the webhook configurations are installed pointing at the local server. On exit
+    the configurations are deleted and the server stopped, so the next module's pods are not
+    sent to a server that is gone.
     """
-    from gpuwarden.policy import load_paths
-
-    policy_set = load_paths([str(p) for p in policies])
-    chart = chart_manifests(helm, workdir, chart_values)
-    if not any(doc.get("kind") in WEBHOOK_KINDS for doc in chart):
-        chart = chart + _interim_chart_webhooks()
-    classes = rendered_priority_classes(policies, chart)
+    values = {**chart_values_for(policies), **dict(chart_values or {})}
+    chart = render_chart(helm, values=values, workdir=workdir)
+    served = chart_policies(chart, workdir / "policies")
+    policy_set = load_paths([str(served)])
+    classes = [doc for doc in chart if doc.get("kind") == "PriorityClass"]
     ensure_priority_classes(api, classes)
     server = GpuwardenServer(
-        workdir / "server", kubeconfig=kubeconfig, policies=policies, extra_args=server_args
+        workdir / "server",
+        kubeconfig=kubeconfig,
+        policies=(served,),
+        extra_args=[*chart_serve_args(chart), *server_args],
     )
     stack = WebhookStack(
         api=api,
