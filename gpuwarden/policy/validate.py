@@ -178,7 +178,13 @@ def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> 
         raw = str(volume["hostPath"].get("path", ""))
         path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
         name = str(volume.get("name", "?"))
-        reached = [p for p in protected if path == p or p.startswith(path.rstrip("/") + "/")]
+        # The path itself, a parent (it holds the directory) or a child (the device plugin keeps
+        # each daemon's pipes in <root>/<resource>/pipe) all reach the daemons.
+        reached = [
+            p
+            for p in protected
+            if path == p or p.startswith(path.rstrip("/") + "/") or path.startswith(p + "/")
+        ]
         if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
             reached.append("/dev/nvidia*")
         if reached:
