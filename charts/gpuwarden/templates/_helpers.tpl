@@ -56,12 +56,22 @@ app.kubernetes.io/component: node-agent
 {{- $mode -}}
 {{- end -}}
 
+{{/* The policies to install: .Values.policies, or one that governs nothing when it is empty. */}}
+{{- define "gpuwarden.policies" -}}
+{{- if .Values.policies -}}
+{{- toJson .Values.policies -}}
+{{- else -}}
+{{- $empty := dict "apiVersion" "gpuwarden.io/v1alpha1" "kind" "GPUPolicy" "metadata" (dict "name" "empty") "spec" (dict "backend" (dict "type" "native")) -}}
+{{- toJson (dict "empty.yaml" $empty) -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Every GPUPolicy document in .Values.policies, as a JSON list of
 {"policy": <name>, "profiles": [...]}. A value is YAML text (one or more documents) or a
 mapping; a document without kind is a bare spec named after its key, as the loader does. */}}
 {{- define "gpuwarden.policyDocuments" -}}
 {{- $docs := list -}}
-{{- range $key, $value := .Values.policies -}}
+{{- range $key, $value := include "gpuwarden.policies" . | fromJson -}}
 {{- if not (regexMatch "\\.(ya?ml|json)$" $key) -}}
 {{- fail (printf "policies.%s: keys are file names and must end in .yaml, .yml or .json (gpuwarden reads only those)" $key) -}}
 {{- end -}}

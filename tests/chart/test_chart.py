@@ -1,0 +1,561 @@
+"""The Helm chart, rendered by the real helm binary, checked the way a cluster would see it.
+
+Every rendered object is validated against the Kubernetes schema kubernetes-validate ships for
+the newest version not newer than the e2e control plane's (1.37). Kinds outside core Kubernetes
+(cert-manager, Prometheus operator, Volcano) have no schema at hand and are listed in SKIPPED:
+the test fails if a kind is neither validated nor listed.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuwarden.cli import main as gpuwarden
+from gpuwarden.policy import PolicySet, keys, load_paths
+from gpuwarden.policy.model import LabelSelector
+from gpuwarden.policy.render import render
+from gpuwarden.policy.schema import CRD_NAME, crd_yaml
+from gpuwarden.policy.selectors import selector_matches
+
+from .support import (
+    CHART,
+    FULLNAME,
+    NAMESPACE,
+    Rendering,
+    helm_args,
+    run_helm,
+    template,
+    template_error,
+    values_files,
+)
+
+pytestmark = pytest.mark.helm
+
+KUBERNETES_VERSION = "1.37"  # the e2e control plane runs kube-apiserver v1.37.2
+# Kinds kubernetes-validate has no schema for, with where the schema would come from.
+SKIPPED = {
+    "Certificate": "cert-manager CRD",
+    "Issuer": "cert-manager CRD",
+    "ServiceMonitor": "Prometheus operator CRD",
+    "PodMonitor": "Prometheus operator CRD",
+    "PrometheusRule": "Prometheus operator CRD",
+    "Queue": "Volcano CRD",
+}
+VALUES = ["", *values_files()]
+
+
+def _render(name: str) -> Rendering:
+    return template([name] if name else [])
+
+
+@pytest.fixture(scope="module")
+def renderings(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Rendering]:
+    found = {name: _render(name) for name in VALUES}
+    # The documented pipeline: `gpuwarden render` output passed in with --set-file.
+    found[WITH_RENDERED] = template(
+        ["tenants-quotas.yaml"],
+        set_files={
+            "renderedObjects": _rendered_objects(
+                found["tenants-quotas.yaml"], tmp_path_factory.mktemp("rendered")
+            )
+        },
+    )
+    return found
+
+
+WITH_RENDERED = "tenants-quotas.yaml+renderedObjects"
+
+
+def _rendered_objects(rendering: Rendering, directory: Path) -> Path:
+    policies = _policy_volume(rendering, directory / "policies")
+    out = directory / "rendered.yaml"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpuwarden",
+            "render",
+            "--policies",
+            str(policies),
+            "--no-priority-classes",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    out.write_text(result.stdout)
+    return out
+
+
+@pytest.fixture(scope="module")
+def default(renderings: dict[str, Rendering]) -> Rendering:
+    return renderings[""]
+
+
+def test_kubernetes_validate_version_is_the_newest_not_above_the_control_plane() -> None:
+    supported = kubernetes_validate.utils.all_versions()
+    usable = [v for v in supported if tuple(map(int, v.split(".")[:2])) <= (1, 37)]
+    assert usable[-1].startswith(KUBERNETES_VERSION)
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda v: v or "defaults")
+def test_helm_lint_strict(values: str) -> None:
+    result = run_helm("lint", "--strict", str(CHART), *helm_args([values] if values else []))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def _objects(renderings: dict[str, Rendering]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for name, rendering in renderings.items():
+        for obj in rendering.objects:
+            yield name or "defaults", obj
+
+
+def test_every_rendered_object_validates_or_is_listed_as_skipped(
+    renderings: dict[str, Rendering],
+) -> None:
+    failures: list[str] = []
+    validated: set[str] = set()
+    skipped: set[str] = set()
+    for values, obj in _objects(renderings):
+        kind = obj["kind"]
+        label = f"{values}: {kind} {obj['metadata']['name']}"
+        if kind in SKIPPED:
+            skipped.add(kind)
+            continue
+        try:
+            kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+        except kubernetes_validate.SchemaNotFoundError:
+            failures.append(f"{label}: no schema and not listed in SKIPPED")
+        except kubernetes_validate.ValidationError as exc:
+            failures.append(f"{label}: {'.'.join(map(str, exc.path))}: {exc.message}")
+        else:
+            validated.add(kind)
+    assert not failures, "\n".join(failures)
+    # Every listed skip is real (a kind that gains a schema must move to validated).
+    assert skipped == set(SKIPPED), f"listed but never rendered: {set(SKIPPED) - skipped}"
+    assert {"CustomResourceDefinition", "MutatingWebhookConfiguration", "DaemonSet"} <= validated
+
+
+def test_chart_crd_is_the_one_generated_from_the_model() -> None:
+    shipped = (CHART / "crds" / f"{CRD_NAME}.yaml").read_text()
+    assert shipped == crd_yaml(), (
+        "charts/gpuwarden/crds is stale: regenerate with "
+        f"`gpuwarden render --crd > charts/gpuwarden/crds/{CRD_NAME}.yaml`"
+    )
+
+
+def test_webhook_configurations_are_easy_to_pick_out(default: Rendering) -> None:
+    mutating = default.one("MutatingWebhookConfiguration")
+    validating = default.one("ValidatingWebhookConfiguration")
+    assert mutating["metadata"]["name"] == validating["metadata"]["name"] == FULLNAME
+    service = default.one("Service", FULLNAME)
+    for config, path in ((mutating, "/mutate"), (validating, "/validate")):
+        (hook,) = config["webhooks"]
+        assert hook["clientConfig"]["service"] == {
+            "name": service["metadata"]["name"],
+            "namespace": NAMESPACE,
+            "path": path,
+            "port": 443,
+        }
+        assert hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["timeoutSeconds"] <= 5
+    assert mutating["webhooks"][0]["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_webhook_rules_cover_pod_creation_updates_and_ephemeral_containers(
+    default: Rendering,
+) -> None:
+    mutating = default.one("MutatingWebhookConfiguration")["webhooks"][0]
+    validating = default.one("ValidatingWebhookConfiguration")["webhooks"][0]
+    assert [(r["resources"], r["operations"]) for r in mutating["rules"]] == [
+        (["pods"], ["CREATE"])
+    ]
+    assert [(r["resources"], r["operations"]) for r in validating["rules"]] == [
+        (["pods"], ["CREATE", "UPDATE"]),
+        (["pods/ephemeralcontainers"], ["UPDATE"]),
+    ]
+    for hook in (mutating, validating):
+        (condition,) = hook["matchConditions"]
+        assert condition["expression"] == 'request.kind.group == "" && request.kind.kind == "Pod"'
+
+
+NAMESPACES = {
+    "kube-system": {},
+    NAMESPACE: {},
+    "team-a": {"app.kubernetes.io/part-of": "kubeflow-profile"},
+    "team-b-optout": {"app.kubernetes.io/part-of": "kubeflow-profile", keys.OPT_OUT_LABEL: ""},
+    "default": {},
+}
+
+
+def _governed(selector: dict[str, Any], names: dict[str, dict[str, str]]) -> set[str]:
+    parsed = LabelSelector.model_validate(selector)
+    return {
+        name
+        for name, labels in names.items()
+        if selector_matches(parsed, {**labels, "kubernetes.io/metadata.name": name})
+    }
+
+
+def test_namespace_selector_governs_kubeflow_profiles_only(default: Rendering) -> None:
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        selector = default.one(kind)["webhooks"][0]["namespaceSelector"]
+        assert _governed(selector, NAMESPACES) == {"team-a"}
+
+
+def test_exclusions_hold_even_when_every_namespace_is_selected() -> None:
+    rendering = template(
+        ["tenants-quotas.yaml"], sets={"webhook.namespaceSelector.matchLabels": "null"}
+    )
+    names = {**NAMESPACES, "kubeflow": {}, "istio-system": {}, "research": {}}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        selector = rendering.one(kind)["webhooks"][0]["namespaceSelector"]
+        assert _governed(selector, names) == {"team-a", "default", "research"}
+
+
+def test_pod_opt_out_label_skips_only_the_mutating_webhook(default: Rendering) -> None:
+    mutating = default.one("MutatingWebhookConfiguration")["webhooks"][0]
+    validating = default.one("ValidatingWebhookConfiguration")["webhooks"][0]
+    opted_out = {keys.OPT_OUT_LABEL: "true"}
+    assert not selector_matches(LabelSelector.model_validate(mutating["objectSelector"]), opted_out)
+    assert "objectSelector" not in validating
+
+
+def test_failure_policies_default_to_fail_and_follow_values(
+    renderings: dict[str, Rendering],
+) -> None:
+    def policies(rendering: Rendering) -> tuple[str, str]:
+        return (
+            rendering.one("MutatingWebhookConfiguration")["webhooks"][0]["failurePolicy"],
+            rendering.one("ValidatingWebhookConfiguration")["webhooks"][0]["failurePolicy"],
+        )
+
+    assert policies(renderings[""]) == ("Fail", "Fail")
+    assert policies(renderings["tenants-quotas.yaml"]) == ("Ignore", "Fail")
+    assert "must be Fail or Ignore" in template_error(
+        sets={"webhook.failurePolicy.validating": "Allow"}
+    )
+    assert "must be below" in template_error(sets={"webhook.deadlineSeconds": "5"})
+
+
+def test_cert_manager_injects_the_ca_of_the_certificate_the_pods_serve(default: Rendering) -> None:
+    deployment = default.one("Deployment")
+    (tls,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = default.one(kind)
+        ref = config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+        namespace, name = ref.split("/")
+        certificate = default.one("Certificate", name)
+        assert namespace == certificate["metadata"]["namespace"] == NAMESPACE
+        assert certificate["spec"]["secretName"] == tls["secret"]["secretName"]
+        assert f"{FULLNAME}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    # The serving certificate comes from a CA Issuer, whose CA comes from a self-signed root.
+    serving = default.one("Certificate", f"{FULLNAME}-serving")
+    ca_issuer = default.one("Issuer", serving["spec"]["issuerRef"]["name"])
+    ca_cert = default.one("Certificate", f"{FULLNAME}-ca")
+    assert ca_issuer["spec"]["ca"]["secretName"] == ca_cert["spec"]["secretName"]
+    assert ca_cert["spec"]["isCA"] is True
+    assert "selfSigned" in default.one("Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"]
+
+
+def test_cert_manager_with_an_existing_issuer_creates_no_ca(
+    renderings: dict[str, Rendering],
+) -> None:
+    rendering = renderings["cert-manager-issuer.yaml"]
+    assert rendering.all("Issuer") == []
+    assert rendering.one("Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
+
+
+def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Rendering]) -> None:
+    rendering = renderings["self-managed-tls.yaml"]
+    assert not rendering.kinds() & {"Certificate", "Issuer"}
+    secret = rendering.one("Secret")
+    assert "data" not in secret and "stringData" not in secret  # never overwritten by upgrades
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        config = rendering.one(kind)
+        assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
+        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    pod = rendering.one("Deployment")["spec"]["template"]["spec"]
+    (init,) = pod["initContainers"]
+    args = dict(arg.split("=", 1) for arg in init["args"][2:])
+    assert init["args"][:2] == ["certs", "sync"]
+    assert args["--secret"] == secret["metadata"]["name"]
+    assert args["--webhook-config"] == FULLNAME
+    assert args["--days"] == "30"
+    webhook_sa = pod["serviceAccountName"]
+    certs_role = rendering.one("ClusterRole", f"{FULLNAME}-certs")
+    assert certs_role["rules"] == [
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
+            "resourceNames": [FULLNAME],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    secret_role = rendering.one("Role", f"{FULLNAME}-certs")
+    assert secret_role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [secret["metadata"]["name"]],
+            "verbs": ["get", "update", "patch"],
+        }
+    ]
+    for binding in (
+        rendering.one("ClusterRoleBinding", f"{FULLNAME}-certs"),
+        rendering.one("RoleBinding", f"{FULLNAME}-certs"),
+    ):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": webhook_sa, "namespace": NAMESPACE}
+        ]
+
+
+def _args(container: dict[str, Any]) -> dict[str, str]:
+    return dict(arg.split("=", 1) for arg in container["args"] if arg.startswith("--"))
+
+
+def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -> None:
+    deployment = default.one("Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    pdb = default.one("PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    assert pdb["spec"]["minAvailable"] == 1
+    pod = spec["template"]["spec"]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    anti = pod["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti
+    assert (
+        anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"]
+        == "kubernetes.io/hostname"
+    )
+    (container,) = pod["containers"]
+    assert container["args"][0] == "serve"
+    args = _args(container)
+    assert args["--policies"] == "/etc/gpuwarden/policies"
+    assert (args["--port"], args["--metrics-port"]) == ("8443", "9090")
+    assert {"--tls-cert", "--tls-key"} <= set(args)
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports["https"] == int(args["--port"])
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = container[probe]["httpGet"]
+        assert (get["path"], get["scheme"], ports[get["port"]]) == (path, "HTTPS", 8443)
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    policies = next(v for v in pod["volumes"] if v["name"] == "policies")
+    assert "subPath" not in mounts["policies"]  # subPath mounts never see ConfigMap updates
+    assert policies["configMap"]["name"] == default.one("ConfigMap")["metadata"]["name"]
+
+
+def test_webhook_runs_unprivileged(renderings: dict[str, Rendering]) -> None:
+    for name in ("", "self-managed-tls.yaml"):
+        pod = renderings[name].one("Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        for container in [*pod.get("initContainers", []), *pod["containers"]]:
+            context = container["securityContext"]
+            assert context["runAsNonRoot"] is True
+            assert context["readOnlyRootFilesystem"] is True
+            assert context["allowPrivilegeEscalation"] is False
+            assert context["capabilities"] == {"drop": ["ALL"]}
+            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None:
+    daemonset = default.one("DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["hostPID"] is True and pod["hostIPC"] is True
+    assert "hostNetwork" not in pod
+    (container,) = pod["containers"]
+    context = container["securityContext"]
+    assert context["privileged"] is False
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["capabilities"] == {"drop": ["ALL"], "add": ["SETUID", "SETGID"]}
+    assert container["args"][:2] == ["node-agent", "--node-name=$(NODE_NAME)"]
+    env = {e["name"]: e for e in container["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    host_paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {keys.DEFAULT_MPS_PIPE_DIRECTORY, keys.DEFAULT_MPS_LOG_DIRECTORY}
+
+
+def _rules(rendering: Rendering, name: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
+    return [
+        (tuple(rule["resources"]), tuple(rule["verbs"]))
+        for rule in rendering.one("ClusterRole", name)["rules"]
+    ]
+
+
+def test_rbac_verbs(default: Rendering) -> None:
+    assert _rules(default, f"{FULLNAME}-webhook") == [
+        (("namespaces", "pods"), ("get", "list", "watch")),
+        (("priorityclasses",), ("get", "list", "watch")),
+        (("gpupolicies",), ("get", "list", "watch")),
+    ]
+    assert _rules(default, f"{FULLNAME}-node-agent") == [
+        (("pods",), ("get", "list", "watch")),
+        (("pods/eviction",), ("create",)),
+        (("events",), ("create", "patch")),
+    ]
+    # Nothing but the self-managed certificate roles may write, and those only by name.
+    assert default.all("Role") == []
+
+
+def _policy_volume(rendering: Rendering, directory: Path) -> Path:
+    """The policies ConfigMap as the webhook sees it: one file per key in a directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, text in rendering.one("ConfigMap")["data"].items():
+        (directory / key).write_text(text)
+    return directory
+
+
+def _policies_from(rendering: Rendering, tmp_path: Path) -> PolicySet:
+    return load_paths([_policy_volume(rendering, tmp_path / "policies")])
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda v: v or "defaults")
+def test_priority_classes_match_gpuwarden_render(
+    values: str, renderings: dict[str, Rendering], tmp_path: Path
+) -> None:
+    rendering = renderings[values]
+    policies = _policies_from(rendering, tmp_path)  # the ConfigMap the webhook loads
+
+    def classes(objects: list[dict[str, Any]]) -> dict[str, tuple[Any, ...]]:
+        return {
+            o["metadata"]["name"]: (
+                o["value"],
+                o["preemptionPolicy"],
+                o["globalDefault"],
+                o["description"],
+                o["metadata"]["annotations"]["gpuwarden.io/rendered-from"],
+            )
+            for o in objects
+        }
+
+    expected = classes(render(policies).of_kind("PriorityClass"))
+    assert classes(rendering.all("PriorityClass")) == expected
+
+
+def test_priority_classes_from_each_backend(renderings: dict[str, Rendering]) -> None:
+    names = {
+        v: {o["metadata"]["name"] for o in r.all("PriorityClass")} for v, r in renderings.items()
+    }
+    assert names[""] == set()
+    assert names["backend-volcano.yaml"] == {"gpuwarden-shared-small", "gpuwarden-whole"}
+    assert names["backend-hami.yaml"] == {"gpuwarden-hami-shared", "gpu-exclusive"}
+    # system-cluster-critical is built in: never rendered (the API server refuses system-*).
+    assert names["backend-native.yaml"] == {"gpuwarden-one-gpu"}
+    small = renderings["backend-volcano.yaml"].one("PriorityClass", "gpuwarden-shared-small")
+    assert (small["value"], small["preemptionPolicy"]) == (100, "Never")
+
+
+def test_conflicting_priority_classes_fail_the_render(tmp_path: Path) -> None:
+    policy = {
+        "apiVersion": "gpuwarden.io/v1alpha1",
+        "kind": "GPUPolicy",
+        "metadata": {"name": "p"},
+        "spec": {
+            "profiles": [
+                {"name": "a", "priority": 1},
+                {"name": "b", "priority": 2, "priorityClassName": "gpuwarden-a"},
+            ]
+        },
+    }
+    values = tmp_path / "conflict.yaml"
+    values.write_text(yaml.safe_dump({"policies": {"p.yaml": policy}}))
+    assert "share PriorityClass gpuwarden-a" in template_error([values])
+
+
+def test_policy_keys_must_be_file_names_gpuwarden_reads() -> None:
+    assert "must end in .yaml" in template_error(sets={"policies.notes\\.txt": "x"})
+
+
+def test_rendered_objects_pass_through_the_chart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policies = _policy_volume(template(["tenants-quotas.yaml"]), tmp_path / "policies")
+    assert gpuwarden(["render", "--policies", str(policies), "--no-priority-classes"]) == 0
+    printed = capsys.readouterr().out
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(printed)
+    expected = [doc for doc in yaml.safe_load_all(printed) if doc]
+    assert {o["kind"] for o in expected} == {"ResourceQuota", "Queue"}
+    with_objects = template(["tenants-quotas.yaml"], set_files={"renderedObjects": rendered})
+    passed = [o for o in with_objects.objects if o["kind"] in ("ResourceQuota", "Queue")]
+    assert passed == expected
+    quota = with_objects.one("ResourceQuota", "gpuwarden-nlp")
+    assert quota["metadata"]["namespace"] == "nlp"
+    assert quota["spec"]["hard"] == {
+        "requests.volcano.sh/vgpu-memory": str(-(-100 * 10**9 // 2**20))
+    }
+
+
+def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering]) -> None:
+    from gpuwarden.webhook.metrics import Metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    ours = {
+        family.name + suffix
+        for family in Metrics().registry.collect()
+        for suffix in suffixes.get(family.type, ("",))
+    }
+    rule = renderings["tenants-quotas.yaml"].one("PrometheusRule")
+    exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
+    records = {
+        r["record"] for group in rule["spec"]["groups"] for r in group["rules"] if "record" in r
+    }
+    text = "\n".join(exprs)
+    used = set(re.findall(r"\b(gpuwarden_[a-z_]+)", text))
+    missing = used - ours
+    assert not missing, f"rules use metrics gpuwarden does not export: {missing}"
+    assert {
+        "gpuwarden_admission_internal_errors_total",
+        "gpuwarden_admission_requests_total",
+        "gpuwarden_admission_duration_seconds_bucket",
+        "gpuwarden_certificate_expiry_timestamp_seconds",
+    } <= used
+    # Third-party series, by their real names and labels.
+    assert 'DCGM_FI_DEV_GPU_UTIL{exported_namespace!=""}' in text
+    assert 'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}' in text
+    assert 'kube_resourcequota{type="used"' in text
+    assert "namespace:dcgm_gpu_utilization:avg" in records
+    alerts = {
+        r["alert"] for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r
+    }
+    assert {
+        "GPUWardenTenantQuotaNearlyExhausted",
+        "GPUWardenAdmissionErrors",
+        "GPUWardenAdmissionLatencyHigh",
+        "GPUWardenCertificateExpiresSoon",
+    } <= alerts
+    monitor = renderings["tenants-quotas.yaml"].one("ServiceMonitor")
+    service = renderings["tenants-quotas.yaml"].one("Service")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+
+
+def test_notes_explain_how_to_dry_run_a_pod() -> None:
+    result = run_helm(
+        "install", "gw", str(CHART), "--namespace", NAMESPACE, "--dry-run=client", "--debug"
+    )
+    notes = result.stdout.split("NOTES:", 1)[1]
+    assert "kubectl apply --dry-run=server" in notes
+    assert "gpuwarden apply   --policies policies.yaml" in notes
