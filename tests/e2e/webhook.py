@@ -769,13 +769,19 @@ class AuditLog:
         return wait_for(f"the audit event of creating pod {namespace}/{name}", find, timeout)
 
 
-def webhook_audit(event: Mapping[str, Any], prefix: str) -> dict[str, Obj]:
-    """The audit annotations ``<prefix>/round_R_index_I`` of an event, decoded, by suffix."""
-    out: dict[str, Obj] = {}
+def webhook_audit(event: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    """The audit annotations ``<prefix>/round_R_index_I`` of an event, by suffix.
+
+    Values that are JSON (mutation.webhook.admission.k8s.io) are decoded; others (the webhook
+    name of failed-open.*) are kept as text.
+    """
+    out: dict[str, Any] = {}
     for key, value in (event.get("annotations") or {}).items():
         if key.startswith(prefix + "/"):
-            with contextlib.suppress(ValueError):
+            try:
                 out[key.split("/", 1)[1]] = json.loads(value)
+            except ValueError:
+                out[key.split("/", 1)[1]] = value
     return dict(sorted(out.items()))
 
 

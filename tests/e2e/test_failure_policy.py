@@ -1,0 +1,197 @@
+"""What each failurePolicy does in practice when gpuwarden is down.
+
+The chart's webhooks are installed, gpuwarden serve is stopped (SIGKILL: as if it crashed), and
+pods are created in a governed Kubeflow namespace and in namespaces outside gpuwarden's scope.
+Switching failurePolicy goes through the chart's values (webhook.failurePolicy), rendered again
+and installed over the running configuration, as `helm upgrade` would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from .controlplane import ControlPlane
+from .webhook import (
+    KUBEFLOW_PROFILE_LABELS,
+    RELEASE_NAMESPACE,
+    AuditLog,
+    Obj,
+    WebhookStack,
+    annotations,
+    api_error,
+    chart_values_for,
+    chart_webhook_configurations,
+    create_namespace,
+    create_pod,
+    example_pod,
+    gpu_probe_pod,
+    place_pod,
+    plain_pod,
+    pod_exists,
+    read_pod,
+    render_chart,
+    wait_for,
+    wait_until_governed,
+    webhook_audit,
+)
+
+
+@dataclass(frozen=True)
+class Scope:
+    governed: str  # a Kubeflow profile namespace
+    unlabelled: str  # not a Kubeflow profile namespace: outside the chart's namespaceSelector
+    opted_out: str  # a Kubeflow profile namespace labelled gpuwarden.io/ignore
+
+    def outside(self) -> list[str]:
+        return [self.unlabelled, self.opted_out, "kube-system", RELEASE_NAMESPACE]
+
+
+@pytest.fixture(scope="module")
+def scope(gpuwarden: WebhookStack) -> Scope:
+    api = gpuwarden.api
+    governed = gpuwarden.tenant_namespace("e2e-fp")
+    unlabelled, _ = create_namespace(api, "e2e-fp-plain")
+    opted_out, _ = create_namespace(
+        api, "e2e-fp-ignored", {**KUBEFLOW_PROFILE_LABELS, "gpuwarden.io/ignore": "true"}
+    )
+    create_namespace(api, RELEASE_NAMESPACE, name=RELEASE_NAMESPACE)
+    return Scope(governed, unlabelled, opted_out)
+
+
+@pytest.fixture(scope="module")
+def gpuwarden_down(gpuwarden: WebhookStack, scope: Scope) -> Iterator[WebhookStack]:
+    """The module's gpuwarden, killed; started again (and re-registered) at the end."""
+    assert gpuwarden.server.running
+    gpuwarden.server.kill()
+    yield gpuwarden
+
+
+def chart_configs_with(
+    stack: WebhookStack, control_plane: ControlPlane, tmp_path: Path, mutating: str, validating: str
+) -> list[Obj]:
+    values = {
+        **chart_values_for([stack.server.policies[0]]),
+        "webhook": {"failurePolicy": {"mutating": mutating, "validating": validating}},
+    }
+    rendered = render_chart(control_plane.helm_path, values=values, workdir=tmp_path)
+    return chart_webhook_configurations(
+        rendered, base_url=stack.server.base_url, ca_bundle_b64=stack.server.ca_bundle_b64()
+    )
+
+
+def _outcome(stack: WebhookStack, pod: Obj, *, dry_run: bool) -> str:
+    """ "created", or the name of the webhook whose call failed and blocked the pod."""
+    try:
+        create_pod(stack.api, pod, dry_run=dry_run)
+    except ApiException as exc:
+        _, text = api_error(exc)
+        for hook in ("mutate.gpuwarden.io", "validate.gpuwarden.io"):
+            if f'failed calling webhook "{hook}"' in text:
+                return hook
+        raise
+    return "created"
+
+
+def _assert_outside_scope_unaffected(stack: WebhookStack, scope: Scope) -> None:
+    for namespace in scope.outside():
+        pod = gpu_probe_pod(namespace)
+        created = create_pod(stack.api, pod)
+        assert "gpuwarden.io/profile" not in annotations(created.pod), namespace
+        assert created.pod["spec"]["schedulerName"] == "default-scheduler", namespace
+
+
+def test_the_chart_defaults_to_fail(gpuwarden: WebhookStack) -> None:
+    policies = {
+        config["kind"]: hook["failurePolicy"]
+        for config in gpuwarden.configs
+        for hook in config["webhooks"]
+    }
+    assert policies == {
+        "MutatingWebhookConfiguration": "Fail",
+        "ValidatingWebhookConfiguration": "Fail",
+    }
+
+
+def test_fail_blocks_pods_in_governed_namespaces(
+    gpuwarden_down: WebhookStack, scope: Scope
+) -> None:
+    stack = gpuwarden_down
+    for pod in (
+        place_pod(example_pod("pytorchjob-worker"), scope.governed),
+        # Every pod of a governed namespace goes to the webhook, GPU or not.
+        plain_pod(scope.governed),
+    ):
+        with pytest.raises(ApiException) as refused:
+            create_pod(stack.api, pod)
+        status, text = api_error(refused.value)
+        assert status == 500
+        assert 'failed calling webhook "mutate.gpuwarden.io"' in text
+        assert "connection refused" in text
+        assert not pod_exists(stack.api, scope.governed, pod["metadata"]["name"])
+    _assert_outside_scope_unaffected(stack, scope)
+
+
+@pytest.mark.parametrize(
+    ("mutating", "validating", "blocked_by"),
+    [
+        # The chart's suggestion for "pod creation must go on": not enough on its own, the
+        # validating webhook still fails closed.
+        ("Ignore", "Fail", "validate.gpuwarden.io"),
+        ("Ignore", "Ignore", None),
+    ],
+)
+def test_ignore_lets_pods_pass_unmutated(
+    gpuwarden_down: WebhookStack,
+    scope: Scope,
+    control_plane: ControlPlane,
+    audit_log: AuditLog,
+    tmp_path: Path,
+    mutating: str,
+    validating: str,
+    blocked_by: str | None,
+) -> None:
+    stack = gpuwarden_down
+    stack.install(chart_configs_with(stack, control_plane, tmp_path, mutating, validating))
+    expected = blocked_by or "created"
+    # The API server's webhook informer picks the new configuration up asynchronously.
+    wait_for(
+        f"failurePolicy mutating={mutating} validating={validating} to take effect",
+        lambda: _outcome(stack, gpu_probe_pod(scope.governed), dry_run=True) == expected,
+    )
+
+    pod = place_pod(example_pod("pytorchjob-worker"), scope.governed)
+    assert _outcome(stack, pod, dry_run=False) == expected
+    if blocked_by is None:
+        stored_pod = read_pod(stack.api, scope.governed, pod["metadata"]["name"])
+        # Through unchanged: no profile, no Volcano, no priority class.
+        assert "gpuwarden.io/profile" not in annotations(stored_pod)
+        assert stored_pod["spec"]["schedulerName"] == "default-scheduler"
+        assert "priorityClassName" not in stored_pod["spec"]
+        event = audit_log.pod_creation(scope.governed, pod["metadata"]["name"])
+        # The API server records that both webhooks failed open for this pod.
+        assert webhook_audit(event, "failed-open.mutation.webhook.admission.k8s.io") == {
+            "round_0_index_0": "mutate.gpuwarden.io"
+        }
+        assert webhook_audit(event, "failed-open.validating.webhook.admission.k8s.io") == {
+            "round_0_index_0": "validate.gpuwarden.io"
+        }
+    else:
+        assert not pod_exists(stack.api, scope.governed, pod["metadata"]["name"])
+    _assert_outside_scope_unaffected(stack, scope)
+
+
+def test_governance_resumes_when_gpuwarden_is_back(
+    gpuwarden_down: WebhookStack, scope: Scope
+) -> None:
+    stack = gpuwarden_down
+    stack.server.start()
+    stack.install()  # the chart's defaults again: Fail
+    wait_until_governed(stack.api, scope.governed, "kubeflow-profiles")
+    created = create_pod(stack.api, place_pod(example_pod("pytorchjob-worker"), scope.governed))
+    assert annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
+    assert created.pod["spec"]["schedulerName"] == "volcano"
