@@ -144,12 +144,16 @@ class Informer(Generic[T]):
                 delay = self._backoff
                 self._watch_from(version)
             except ApiException as exc:
+                if self._stop.is_set():
+                    return
                 if exc.status == HTTP_GONE:
                     self.stats.relists_after_gone += 1
                     log.info("%s: resourceVersion expired (410 Gone); listing again", self.name)
                     continue
                 self._failed(f"API error {exc.status}: {exc.reason}")
             except Exception as exc:  # network errors of every kind end up here
+                if self._stop.is_set():
+                    return
                 self._failed(f"{type(exc).__name__}: {exc}")
             else:
                 continue

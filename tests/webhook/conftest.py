@@ -28,10 +28,8 @@ def workdir(tmp_path: Path) -> Workdir:
 
 
 @pytest.fixture
-def make_webhook(
-    workdir: Workdir,
-) -> Callable[..., Any]:
-    """Start a webhook with ServeConfig changes; stopped at the end of the test."""
+async def make_webhook(workdir: Workdir) -> AsyncIterator[Callable[..., Any]]:
+    """Start a webhook with ServeConfig changes; every one is stopped at the end of the test."""
     started: list[Webhook] = []
 
     async def start(**changes: Any) -> Webhook:
@@ -39,13 +37,14 @@ def make_webhook(
         server = WebhookServer(config, cluster=StaticCluster(workdir.namespaces))
         await server.start()
         ctx = client_context(workdir.certs.ca_cert)
-        session = aiohttp.ClientSession()
-        hook = Webhook(server, session, workdir.certs.ca_cert, ctx)
+        hook = Webhook(server, aiohttp.ClientSession(), workdir.certs.ca_cert, ctx)
         started.append(hook)
         return hook
 
-    start.started = started  # type: ignore[attr-defined]
-    return start
+    yield start
+    for hook in started:
+        await hook.session.close()
+        await hook.server.stop()
 
 
 @pytest.fixture
@@ -54,10 +53,8 @@ async def webhook(make_webhook: Callable[..., Any]) -> Webhook:
     return hook
 
 
-@pytest.fixture(autouse=True)
-async def _stop_started(make_webhook: Callable[..., Any]) -> AsyncIterator[None]:
-    yield
-    for hook in make_webhook.started:  # type: ignore[attr-defined]
-        if not hook.session.closed:
-            await hook.session.close()
-        await hook.server.stop()
+# Every fixture of the e2e suite (control_plane, api_client, namespace, ...), for the
+# watch-backed cache tests, which are marked e2e. A star import keeps up with its additions.
+from e2e.conftest import *  # noqa: E402, F403
+
+globals().pop("pytest_collection_modifyitems", None)  # that hook belongs to tests/e2e alone
