@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from gpuwarden.policy import keys
 from gpuwarden.policy.model import GPUPolicy
@@ -379,11 +380,16 @@ def _in_description(description: object, default: Any) -> bool:
     return isinstance(description, str) and f"default: {_show(default)}" in description
 
 
-def _model_tree() -> dict[str, Any]:
-    raw = GPUPolicy.model_json_schema(by_alias=True, mode="validation")
+def _model_tree(model: type[BaseModel] = GPUPolicy) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
     defs = raw.get("$defs", {})
     body = {key: value for key, value in raw.items() if key != "$defs"}
     return _convert(body, _Context(defs, ""))
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """Any pydantic model as a structural OpenAPI schema; :class:`SchemaError` if it has none."""
+    return _structural(_model_tree(model))
 
 
 def openapi_schema() -> dict[str, Any]:

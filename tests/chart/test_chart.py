@@ -472,8 +472,8 @@ def test_conflicting_priority_classes_fail_the_render(tmp_path: Path) -> None:
         "metadata": {"name": "p"},
         "spec": {
             "profiles": [
-                {"name": "a", "priority": 1},
-                {"name": "b", "priority": 2, "priorityClassName": "gpuwarden-a"},
+                {"name": "a", "gpuShare": False, "priority": 1},
+                {"name": "b", "gpuShare": False, "priority": 2, "priorityClassName": "gpuwarden-a"},
             ]
         },
     }
