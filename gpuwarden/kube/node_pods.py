@@ -14,6 +14,7 @@ room.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -31,6 +32,20 @@ _MESSAGE_LIMIT = 1024
 
 def _keep(obj: Obj) -> Obj:
     return obj
+
+
+def _status_message(exc: ApiException) -> str:
+    """The API server's Status message and its causes, e.g. which disruption budget refused."""
+    try:
+        status = json.loads(exc.body or "")
+    except ValueError:
+        return str(exc.reason)
+    if not isinstance(status, dict):
+        return str(exc.reason)
+    text = str(status.get("message") or exc.reason)
+    causes = (status.get("details") or {}).get("causes") or []
+    notes = [str(c.get("message")) for c in causes if isinstance(c, dict) and c.get("message")]
+    return f"{text} ({'; '.join(notes)})" if notes else text
 
 
 class NodeCluster:
@@ -128,7 +143,7 @@ class NodeCluster:
             )
         except ApiException as exc:
             if exc.status == 429:
-                return f"refused for now by a PodDisruptionBudget (429): {exc.body or exc.reason}"
+                return f"refused for now (429): {_status_message(exc)}"
             if exc.status == 404:
                 return "the pod is already gone"
             if exc.status == 409:

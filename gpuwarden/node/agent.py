@@ -93,7 +93,9 @@ class Cluster(Protocol):
 
     def node_event(self, reason: str, message: str, type_: str) -> None: ...
 
-    def evict(self, namespace: str, name: str, uid: str) -> str: ...
+    def evict(self, namespace: str, name: str, uid: str) -> str:
+        """The outcome in words; one starting with "refused" is asked again next tick."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,7 @@ class _State:
     violations: set[tuple[str, str, int]] = field(default_factory=set)
     terminated: set[tuple[int, int]] = field(default_factory=set)
     evicted: set[str] = field(default_factory=set)
+    evict_again: set[str] = field(default_factory=set)
     oversubscribed: set[tuple[int, frozenset[str]]] = field(default_factory=set)
     unknown: set[tuple[int, int]] = field(default_factory=set)
     problems: set[str] = field(default_factory=set)
@@ -238,6 +241,10 @@ class NodeAgent:
     @property
     def uses_mps(self) -> bool:
         return self.mps is not None and bool(self.managed)
+
+    def eviction_refused(self, pod: PodRef) -> None:
+        """The API server refused an eviction (a disruption budget): ask again next tick."""
+        self._state.evict_again.add(pod.uid)
 
     # -- counters for metrics -------------------------------------------------------------
 
@@ -406,6 +413,9 @@ class NodeAgent:
         action = self.config.on_violation
         for violation in found:
             if violation.key in state.violations:
+                if violation.pod.uid in state.evict_again:
+                    state.evict_again.discard(violation.pod.uid)
+                    actions.append(Eviction(violation.pod, "still above its GPU-memory cap"))
                 continue
             state.violations.add(violation.key)
             with self._lock:
@@ -426,6 +436,7 @@ class NodeAgent:
                 continue
             actions.append(PodEvent(violation.pod, REASON_CAP_EXCEEDED, message))
         state.violations &= {v.key for v in found}
+        state.evict_again &= {v.pod.uid for v in found}
         return actions
 
     def _oversubscription(self, found: Sequence[limits.Oversubscription]) -> list[KubeAction]:
@@ -619,6 +630,8 @@ def run_once(agent: NodeAgent, cluster: Cluster, log: logging.Logger | None = No
             else:
                 outcome = cluster.evict(action.pod.namespace, action.pod.name, action.pod.uid)
                 log.warning("eviction of pod %s: %s", action.pod, outcome)
+                if outcome.startswith("refused"):
+                    agent.eviction_refused(action.pod)
         except Exception as exc:
             log.warning("%s for %s failed: %s", type(action).__name__, action, exc)
     return report

@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.conftest import api_client, control_plane, e2e_tools, namespace  # noqa: F401
+
+# Every fixture of the e2e suite (control_plane, api_client, namespace, ...), kept in step with it.
+from e2e.conftest import *  # noqa: F403
 
 from gpuwarden.node.mps import ProcessMpsControl
 

@@ -1,0 +1,218 @@
+"""`gpuwarden node-agent`: the DaemonSet process on GPU nodes (MPS limits, enforcement, metrics)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from gpuwarden.kube.client import KubeConfigError, api_client
+from gpuwarden.kube.node_pods import NodeCluster
+from gpuwarden.node import mps
+from gpuwarden.node.agent import ON_VIOLATION, AgentConfig, NodeAgent, run_loop, run_once
+from gpuwarden.node.hardlimits import detect_memory_limits
+from gpuwarden.node.metrics import agent_registry
+from gpuwarden.node.nvml import NvmlError, PynvmlNvml
+from gpuwarden.node.procfs import ProcFs
+from gpuwarden.policy import keys
+from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+
+HELP = "Run the node agent: MPS limits from pod policies, GPU-memory enforcement, metrics."
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+_PREFIX = "gpuwarden node-agent"
+
+
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--node-name",
+        default=None,
+        help="this node's name (the pods watched are those with spec.nodeName equal to it; "
+        "default: $NODE_NAME)",
+    )
+    parser.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
+    parser.add_argument(
+        "--interval", type=float, default=10.0, help="seconds between enforcement passes"
+    )
+    parser.add_argument(
+        "--on-violation",
+        choices=ON_VIOLATION,
+        default="event",
+        help="beyond an Event and a metric: terminate the MPS client, or evict the pod",
+    )
+    parser.add_argument("--mps-pipe-dir", type=Path, default=Path(keys.DEFAULT_MPS_PIPE_DIRECTORY))
+    parser.add_argument("--mps-log-dir", type=Path, default=Path(keys.DEFAULT_MPS_LOG_DIRECTORY))
+    parser.add_argument("--mps-control-bin", default="nvidia-cuda-mps-control")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9400, help="Prometheus metrics port (0: none)"
+    )
+    parser.add_argument("--metrics-host", default="0.0.0.0")
+    parser.add_argument(
+        "--hard-limits",
+        choices=("auto", "off"),
+        default="auto",
+        help="cgroup hard GPU-memory limits where the driver offers `nvidia-smi memory-limits`",
+    )
+    parser.add_argument(
+        "--memory-ceiling",
+        default=None,
+        metavar="QUANTITY",
+        help="never let the MPS daemon default exceed this (e.g. 20Gi)",
+    )
+    parser.add_argument("--proc-root", type=Path, default=Path("/proc"))
+    parser.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"))
+    parser.add_argument(
+        "--once", action="store_true", help="run one pass, print its report as JSON, and exit"
+    )
+    parser.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{_PREFIX}: {message}", file=sys.stderr)
+    return code
+
+
+def _config(args: argparse.Namespace) -> AgentConfig | str:
+    node = args.node_name or os.environ.get("NODE_NAME", "")
+    if not node.strip():
+        return "--node-name is required (or set NODE_NAME, e.g. from the downward API)"
+    if not args.interval > 0:
+        return f"--interval must be a positive number of seconds, not {args.interval}"
+    if not 0 <= args.metrics_port <= 65535:
+        return f"--metrics-port must be 0-65535, not {args.metrics_port}"
+    ceiling: int | None = None
+    if args.memory_ceiling is not None:
+        try:
+            ceiling = int(parse_non_negative(args.memory_ceiling))
+        except QuantityError as exc:
+            return f"--memory-ceiling: {exc}"
+        if ceiling < 2**20:
+            return f"--memory-ceiling {args.memory_ceiling} is below 1Mi"
+    return AgentConfig(
+        node_name=node.strip(),
+        on_violation=args.on_violation,
+        memory_ceiling=ceiling,
+        cgroup_root=args.cgroup_root,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log = logging.getLogger("gpuwarden.node")
+    config = _config(args)
+    if isinstance(config, str):
+        return _fail(config, EXIT_USAGE)
+    try:
+        api = api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+
+    try:
+        nvml = PynvmlNvml.open()
+    except NvmlError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    cluster = NodeCluster(api, config.node_name)
+    try:
+        devices = nvml.devices()
+        binary = shutil.which(args.mps_control_bin)
+        if binary is None and any(not d.mig_enabled for d in devices):
+            return _fail(
+                f"{args.mps_control_bin} not found: MPS needs the driver's "
+                "nvidia-cuda-mps-control (mount the driver root into the container, or pass "
+                "--mps-control-bin)",
+                EXIT_FAILED,
+            )
+        control = None
+        if binary is not None:
+            control = mps.ProcessMpsControl(
+                binary, pipe_dir=args.mps_pipe_dir, log_dir=args.mps_log_dir
+            )
+        hard = False
+        if args.hard_limits == "auto":
+            support = detect_memory_limits()
+            hard = support.available
+            log.info("hard GPU-memory limits: %s (%s)", "on" if hard else "off", support.detail)
+        driver = nvml.driver()
+        log.info(
+            "NVIDIA driver %s, CUDA %s, node %s",
+            driver.driver_version,
+            driver.cuda_version,
+            config.node_name,
+        )
+        agent = NodeAgent(
+            dataclasses.replace(config, hard_limits=hard),
+            nvml,
+            control,
+            ProcFs(args.proc_root),
+            log=log,
+        )
+        agent.start()
+        if not cluster.start(timeout=30.0):
+            return _fail(
+                f"cannot list the pods of node {config.node_name}: "
+                f"{cluster.informer.stats.last_error or 'no answer within 30s'}",
+                EXIT_FAILED,
+            )
+        if args.once:
+            report = run_once(agent, cluster, log)
+            print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+            return EXIT_OK
+        return _serve(args, agent, cluster, control, log)
+    except NvmlError as exc:
+        return _fail(str(exc), EXIT_FAILED)
+    finally:
+        cluster.stop()
+        nvml.close()
+
+
+def _serve(
+    args: argparse.Namespace,
+    agent: NodeAgent,
+    cluster: NodeCluster,
+    control: mps.ProcessMpsControl | None,
+    log: logging.Logger,
+) -> int:
+    if args.metrics_port:
+        from prometheus_client import start_http_server
+
+        try:
+            server, _thread = start_http_server(
+                args.metrics_port, addr=args.metrics_host, registry=agent_registry(agent)
+            )
+        except OSError as exc:
+            return _fail(
+                f"cannot serve metrics on {args.metrics_host}:{args.metrics_port}: {exc}",
+                EXIT_FAILED,
+            )
+        log.info("metrics on http://%s:%d/metrics", args.metrics_host, args.metrics_port)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        run_loop(agent, cluster, args.interval, stop, log)
+    finally:
+        if args.metrics_port:
+            server.shutdown()
+        if control is not None and agent.started_daemon:
+            # The daemon lives in this container and goes when it stops; quit lets it end its
+            # servers cleanly. A daemon the agent found running is left alone.
+            try:
+                control.send(mps.QUIT)
+            except mps.MpsError as exc:
+                log.warning("quitting the MPS control daemon: %s", exc)
+    return EXIT_OK
