@@ -58,7 +58,10 @@ def _tenant(
 
 
 def target_containers(
-    pod: Mapping[str, Any], rule: WorkloadRule | None, workload: Workload | None
+    pod: Mapping[str, Any],
+    rule: WorkloadRule | None,
+    workload: Workload | None,
+    profile: ResolvedProfile | None = None,
 ) -> tuple[str, ...]:
     """The containers that get the GPU: the rule's list, else the workload's main container, else
     those already asking for a GPU, else the first container that is not a known sidecar."""
@@ -70,6 +73,15 @@ def target_containers(
     asking = tuple(ref.name for ref in containers(pod, "containers") if ref.gpu_resources())
     if asking:
         return asking
+    if profile is not None and profile.gpus == 0:
+        # A GPU-free profile removed the GPU requests that chose its containers; on reinvocation
+        # the recorded choice keeps the decision stable. It grants no GPU, so it widens nothing.
+        annotations = annotations_of(pod)
+        if annotations.get(keys.ANNOTATION_PROFILE) == profile.name:
+            recorded = annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",")
+            kept = tuple(name for name in recorded if name in names)
+            if kept:
+                return kept
     for name in names:
         if name not in SIDECARS:
             return (name,)
@@ -115,7 +127,7 @@ def place(
         trace: tuple[tuple[str, MatchResult], ...] = (),
     ) -> Placement:
         profile = policies.resolve(profile_name, tenant) if profile_name else None
-        chosen = target_containers(pod, rule, workload) if profile is not None else ()
+        chosen = target_containers(pod, rule, workload, profile) if profile is not None else ()
         if profile is not None and not chosen:
             problems += ("no container to give the GPU to (check the rule's containers)",)
         return Placement(

@@ -404,3 +404,41 @@ def test_annotation_keys_with_slash_and_tilde_survive(
     out = mutated(pod, default_policies, cluster)
     assert out["metadata"]["annotations"]["a~b/c"] == "1"
     assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+
+
+def test_idempotent_when_a_gpu_free_profile_removes_the_only_evidence(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A profile with gpus: 0 takes the GPU away from the container that asked for it; the second
+    decision must pick the same container, not the first one, although nothing asks any more."""
+    pod = gpu_pod("etl", "tenant-a", labels={"gpuwarden.io/profile": "kfp-data-loading"})
+    pod["spec"]["containers"].insert(0, {"name": "logger", "image": "fluent-bit"})
+    decision = mutate(create(pod), default_policies, cluster)
+    once = apply_ops(pod, decision)
+    assert container(once, "main")["resources"] == {
+        "limits": {"memory": "4Gi"},
+        "requests": {"memory": "4Gi"},
+    }
+    assert container(once, "logger") == {"name": "logger", "image": "fluent-bit"}
+    assert mutate(create(once), default_policies, cluster).patch == ()
+    assert admit(create(once), default_policies, cluster).allowed
+
+
+def test_recorded_containers_never_widen_a_gpu_grant(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A user-set gpuwarden.io/containers annotation does not choose who gets GPUs."""
+    pod = gpu_pod(
+        "x",
+        "tenant-a",
+        gpus=None,
+        labels={"gpuwarden.io/profile": "light-training"},
+        annotations={
+            "gpuwarden.io/containers": "main,other",
+            "gpuwarden.io/profile": "light-training",
+        },
+    )
+    pod["spec"]["containers"].append({"name": "other", "image": "x"})
+    out = mutated(pod, default_policies, cluster)
+    assert out["metadata"]["annotations"]["gpuwarden.io/containers"] == "main"
+    assert "resources" not in container(out, "other")
