@@ -9,16 +9,18 @@ the API server does on its own.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 from kubernetes import client as k8s_client
 
 from gpuwarden.kube.node_pods import NodeCluster
-from gpuwarden.node.agent import REASON_CAP_EXCEEDED, AgentConfig, NodeAgent, run_once
+from gpuwarden.node.agent import REASON_CAP_EXCEEDED, AgentConfig, NodeAgent, run_loop, run_once
 from gpuwarden.node.fake import FakeNvml
 from gpuwarden.node.mps import ProcessMpsControl
 from gpuwarden.node.procfs import ProcFs
@@ -239,3 +241,39 @@ def test_a_full_pass_reports_and_evicts_a_pod_over_its_cap(
     assert "container main uses 6.00 GiB of GPU memory on GPU 0" in event.message
     assert "the agent evicts the pod" in event.message
     assert core.read_namespaced_pod("notebook", namespace).metadata.deletion_timestamp is not None
+
+
+def test_the_loop_keeps_ticking_until_stopped(
+    core: k8s_client.CoreV1Api,
+    namespace: str,
+    node: str,
+    cluster: NodeCluster,
+    control: ProcessMpsControl,
+    fake_mps: FakeMps,
+) -> None:
+    nvml = FakeNvml()
+    nvml.add_gpu(40 * GiB)
+    agent = NodeAgent(AgentConfig(node_name=node), nvml, control, ProcFs(Path("/nonexistent")))
+    agent.start()
+    assert cluster.start(timeout=15)
+    stop = threading.Event()
+    loop = threading.Thread(target=run_loop, args=(agent, cluster, 0.05, stop), daemon=True)
+    loop.start()
+    try:
+        # a pod scheduled while the loop runs moves the daemon's ceiling
+        create(core, namespace, make_pod("late", uid="-", cap="6Gi"), node)
+        eventually(lambda: fake_mps.state()["default_mem"] == {"0": "6144M"}, "the new ceiling")
+        # a GPU process nobody owns is reported on the node
+        nvml.run(0, 31337, GiB, mps_client=False)
+        eventually(
+            lambda: (
+                core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={node},reason=UnknownGPUProcess"
+                ).items
+            ),
+            "the UnknownGPUProcess event",
+        )
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    assert not loop.is_alive()
