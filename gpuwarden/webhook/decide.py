@@ -6,6 +6,7 @@ from typing import Literal
 
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
 from gpuwarden.policy.resources import requests_gpu
+from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
 Endpoint = Literal["mutate", "validate"]
@@ -36,6 +37,12 @@ def decide(
         return Decision()
     if review.obj is None:
         raise ReviewError(f"request.object is missing for a {review.operation} of a Pod")
+    try:
+        check_pod(review.obj, "request.object")
+        if review.old_obj is not None:
+            check_pod(review.old_obj, "request.oldObject")
+    except ShapeError as exc:
+        raise ReviewError(str(exc)) from None
     if policies is None:
         # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
         guarded = review.operation == "CREATE" or review.sub_resource == "ephemeralcontainers"

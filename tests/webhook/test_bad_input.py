@@ -51,6 +51,20 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("dryRun not a bool", _with_request(dryRun="yes"), "dryRun"),
     ("kind not an object", _with_request(kind="Pod"), "request.kind"),
     ("namespace not a string", _with_request(namespace=["a"]), "request.namespace"),
+    (
+        "resources not an object",
+        json.dumps(
+            review({**notebook_pod(), "spec": {"containers": [{"name": "a", "resources": "8Gi"}]}})
+        ).encode(),
+        "request.object.spec.containers[0].resources must be an object, not string",
+    ),
+    (
+        "label value not a string",
+        json.dumps(
+            review({**notebook_pod(), "metadata": {"name": "x", "labels": {"a": 1}}})
+        ).encode(),
+        "request.object.metadata.labels['a'] must be a string",
+    ),
     ("deep nesting", b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "malformed JSON"),
 ]
 

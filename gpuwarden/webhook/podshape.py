@@ -1,0 +1,134 @@
+"""The JSON types of the Pod fields gpuwarden reads, checked as the API server's typed decoding would.
+
+A real API server decodes every pod into its Go struct before calling a webhook, so a
+``resources`` that is a string, or a label value that is a number, never arrives from it. A
+review that carries one anyway is a client mistake: it gets a 400 naming the field, rather
+than reaching the policy core.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+_CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
+_SPEC_STRINGS = (
+    "schedulerName",
+    "priorityClassName",
+    "preemptionPolicy",
+    "nodeName",
+    "runtimeClassName",
+)
+_SPEC_BOOLS = ("hostIPC", "hostPID", "hostNetwork")
+_SPEC_LISTS = ("volumes", "tolerations")
+
+
+class ShapeError(ValueError):
+    """A field whose JSON type no Kubernetes Pod can have; the message names it."""
+
+
+def _type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+def _fail(path: str, wanted: str, value: Any) -> ShapeError:
+    return ShapeError(f"{path} must be {wanted}, not {_type(value)}")
+
+
+def _object(value: Any, path: str) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise _fail(path, "an object", value)
+    return value
+
+
+def _list(value: Any, path: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise _fail(path, "an array", value)
+    return value
+
+
+def _string(value: Any, path: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _fail(path, "a string", value)
+
+
+def _string_map(value: Any, path: str) -> None:
+    found = _object(value, path)
+    for key, item in (found or {}).items():
+        if not isinstance(item, str):
+            raise _fail(f"{path}[{key!r}]", "a string", item)
+
+
+def _quantities(value: Any, path: str) -> None:
+    found = _object(value, path)
+    for key, item in (found or {}).items():
+        if isinstance(item, bool) or not isinstance(item, str | int | float):
+            raise _fail(f"{path}[{key!r}]", "a quantity (string or number)", item)
+
+
+def _container(body: Any, path: str) -> None:
+    container = _object(body, path)
+    if container is None:
+        raise _fail(path, "an object", body)
+    _string(container.get("name"), f"{path}.name")
+    resources = _object(container.get("resources"), f"{path}.resources")
+    if resources is not None:
+        for section in ("limits", "requests"):
+            _quantities(resources.get(section), f"{path}.resources.{section}")
+    for index, entry in enumerate(_list(container.get("env"), f"{path}.env")):
+        item = _object(entry, f"{path}.env[{index}]")
+        if item is None:
+            raise _fail(f"{path}.env[{index}]", "an object", entry)
+        _string(item.get("name"), f"{path}.env[{index}].name")
+        _string(item.get("value"), f"{path}.env[{index}].value")
+        _object(item.get("valueFrom"), f"{path}.env[{index}].valueFrom")
+    for index, entry in enumerate(_list(container.get("envFrom"), f"{path}.envFrom")):
+        if _object(entry, f"{path}.envFrom[{index}]") is None:
+            raise _fail(f"{path}.envFrom[{index}]", "an object", entry)
+    _object(container.get("securityContext"), f"{path}.securityContext")
+    _list(container.get("volumeMounts"), f"{path}.volumeMounts")
+
+
+def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
+    """Raise ShapeError for the first field whose JSON type a Pod cannot have."""
+    metadata = _object(pod.get("metadata"), f"{path}.metadata")
+    if metadata is not None:
+        for key in ("name", "namespace", "generateName"):
+            _string(metadata.get(key), f"{path}.metadata.{key}")
+        _string_map(metadata.get("labels"), f"{path}.metadata.labels")
+        _string_map(metadata.get("annotations"), f"{path}.metadata.annotations")
+    spec = _object(pod.get("spec"), f"{path}.spec")
+    if spec is None:
+        return
+    for field in _CONTAINER_LISTS:
+        for index, body in enumerate(_list(spec.get(field), f"{path}.spec.{field}")):
+            _container(body, f"{path}.spec.{field}[{index}]")
+    for key in _SPEC_STRINGS:
+        _string(spec.get(key), f"{path}.spec.{key}")
+    for key in _SPEC_BOOLS:
+        value = spec.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise _fail(f"{path}.spec.{key}", "a boolean", value)
+    for key in _SPEC_LISTS:
+        for index, item in enumerate(_list(spec.get(key), f"{path}.spec.{key}")):
+            if _object(item, f"{path}.spec.{key}[{index}]") is None:
+                raise _fail(f"{path}.spec.{key}[{index}]", "an object", item)
+    _string_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector")
+    priority = spec.get("priority")
+    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+        raise _fail(f"{path}.spec.priority", "an integer", priority)
+    _object(spec.get("securityContext"), f"{path}.spec.securityContext")
