@@ -270,6 +270,9 @@ class NodeAgent:
         assert self.mps is not None
         state = self._state
         healthy, reply = self._healthy()
+        if not healthy:
+            # Whatever answers next is a new daemon: its defaults are gone.
+            state.needs_reapply = True
         if not healthy and self.config.manage_daemon:
             errors.append(f"MPS control daemon does not answer: {reply}")
             try:
@@ -279,7 +282,6 @@ class NodeAgent:
                 errors.append(f"could not restart the MPS control daemon: {exc}")
             healthy, reply = self._healthy()
         if not healthy:
-            state.needs_reapply = True
             return False, [], False
         pid = self.mps.daemon_pid()
         if pid is not None and state.daemon_pid is not None and pid != state.daemon_pid:
@@ -329,8 +331,10 @@ class NodeAgent:
             for proc in found:
                 owner = self.procfs.owner(proc.pid)
                 pod = pods.get(owner.pod_uid) if owner is not None else None
+                # By name only outside capped pods: a tenant cannot dodge its cap by renaming.
                 is_server = proc.pid in server_pids or (
-                    owner is None and self.procfs.comm(proc.pid) == _MPS_SERVER_COMM
+                    (pod is None or pod.cap is None)
+                    and self.procfs.comm(proc.pid) == _MPS_SERVER_COMM
                 )
                 procs.append(
                     ObservedProcess(

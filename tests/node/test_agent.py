@@ -383,3 +383,18 @@ def test_report_is_plain_json(
     data = json.loads(json.dumps(agent.tick([pod_a()]).to_json()))
     assert data["violations"][0]["pod"]["name"] == "train-a"
     assert [a["kind"] for a in data["actions"]] == ["PodEvent", "Eviction"]
+
+
+def test_a_capped_process_named_like_an_mps_server_is_still_checked(
+    nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
+) -> None:
+    agent = agent_for(nvml, control, proc)
+    proc.add_pod_process(9001, UID_A, CID_A)
+    (proc.root / "9001" / "comm").write_text("nvidia-cuda-mps\n")
+    nvml.run(0, 9001, 5 * GiB, mps_client=False)
+    # while a real server outside any pod, named so, is recognised even when MPS cannot list it
+    proc.add_mps_server(701, 0)
+    nvml.run(0, 701, 300 * 2**20, mps_client=False)
+    report = agent.tick([pod_a()])
+    assert [v.pids for v in report.violations] == [(9001,)]
+    assert report.unknown == ()
