@@ -29,6 +29,13 @@ def _clone(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
+def _can_hold(node: Any, part: str | int) -> bool:
+    """Whether ``part`` can be looked up in ``node``: a key in a map, an index in a list."""
+    if isinstance(node, dict):
+        return isinstance(part, str)
+    return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+
+
 def pointer(path: Sequence[str | int]) -> str:
     return "".join(f"/{escape(str(part))}" for part in path)
 
@@ -86,16 +93,17 @@ class PatchBuilder:
             raise ValueError("cannot set the document root")
         parent_path, key = list(path[:-1]), path[-1]
         # Find the deepest existing container along the path; add the rest as one nested value.
+        # A value of the wrong kind on the way (metadata: [], resources: "x") is replaced whole.
         node: Any = self.document
         depth = 0
-        for part in parent_path:
+        for part, following in zip(parent_path, [*parent_path[1:], key], strict=True):
             if isinstance(node, dict) and isinstance(part, str):
                 node = node.get(part)
             elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
                 node = node[part]
             else:
                 break
-            if not isinstance(node, dict | list):
+            if not _can_hold(node, following):
                 break
             depth += 1
         base = self._writable(parent_path[:depth])
@@ -171,13 +179,11 @@ class PatchBuilder:
         self._record("replace", [*path, index], value)
 
     def append(self, path: Sequence[str | int], value: Any) -> None:
-        """Append to the list at ``path``, adding the whole list when it is absent."""
+        """Append to the list at ``path``, adding the whole list when it is absent (or not a list)."""
         current = self.get(path)
-        if current is None:
+        if not isinstance(current, list):
             self.set(path, [value])
             return
-        if not isinstance(current, list):
-            raise ValueError(f"{pointer(path)} is not a list")
         current = self._writable(path)
         current.append(_clone(value))
         self._record("add", [*path, "-"], value)

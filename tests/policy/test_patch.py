@@ -69,6 +69,35 @@ def test_null_or_non_map_parents_are_replaced(
     check(original, builder)
 
 
+@pytest.mark.parametrize("junk", [[], ["a"], "text", 3, True])
+def test_maps_of_the_wrong_kind_are_replaced_not_a_crash(junk: Any) -> None:
+    original: dict[str, Any] = {"metadata": junk, "spec": {"nodeSelector": junk}}
+    builder = PatchBuilder(original)
+    builder.merge(["metadata", "annotations"], {"a/b": "1"})
+    builder.set(["spec", "nodeSelector", "pool"], "a100")
+    assert builder.document == {
+        "metadata": {"annotations": {"a/b": "1"}},
+        "spec": {"nodeSelector": {"pool": "a100"}},
+    }
+    assert [op["op"] for op in builder.ops] == ["replace", "replace"]
+    check(original, builder)
+
+
+@pytest.mark.parametrize("junk", [{"a": 1}, "text", 3, True])
+def test_lists_of_the_wrong_kind_are_replaced_not_a_crash(junk: Any) -> None:
+    original: dict[str, Any] = {"spec": {"containers": [{"env": junk}], "tolerations": junk}}
+    builder = PatchBuilder(original)
+    builder.append(["spec", "containers", 0, "env"], {"name": "X", "value": "1"})
+    builder.append(["spec", "tolerations"], {"key": "k"})
+    assert builder.document == {
+        "spec": {
+            "containers": [{"env": [{"name": "X", "value": "1"}]}],
+            "tolerations": [{"key": "k"}],
+        }
+    }
+    check(original, builder)
+
+
 def test_null_resources_in_a_list_item() -> None:
     original = {"spec": {"containers": [{"name": "a", "resources": None}]}}
     builder = PatchBuilder(original)
