@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client as k8s_client
 
 from .controlplane import ControlPlane, Tools, build_tools
-from .webhook import AUDIT_POLICY, AuditLog, WebhookStack, webhook_stack
+from .webhook import AUDIT_POLICY, POLICIES_DIR, AuditLog, WebhookStack, webhook_stack
 
 _E2E_DIR = Path(__file__).resolve().parent
 
@@ -96,8 +96,17 @@ def namespace(api_client: k8s_client.ApiClient) -> str:
 
 
 @pytest.fixture(scope="module")
+def gpuwarden_policies() -> Sequence[Path]:
+    """The policy files the module's gpuwarden ships through the chart (override per module)."""
+    return (POLICIES_DIR,)
+
+
+@pytest.fixture(scope="module")
 def gpuwarden(
-    control_plane: ControlPlane, e2e_tools: Tools, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane,
+    e2e_tools: Tools,
+    tmp_path_factory: pytest.TempPathFactory,
+    gpuwarden_policies: Sequence[Path],
 ) -> Iterator[WebhookStack]:
     """gpuwarden serve (one per test module) registered through the chart's webhooks.
 
@@ -110,6 +119,7 @@ def gpuwarden(
             kubeconfig=control_plane.kubeconfig_path,
             helm=e2e_tools.helm,
             workdir=tmp_path_factory.mktemp("gpuwarden"),
+            policies=gpuwarden_policies,
         ) as stack:
             yield stack
     finally:

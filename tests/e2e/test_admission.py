@@ -9,7 +9,7 @@ user of the default policies would check by hand.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
@@ -21,17 +21,18 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, validate
+from gpuwarden.policy.quantity import parse_quantity
 
 from .controlplane import ControlPlane
 from .webhook import (
     KUBEFLOW_EXAMPLES,
     KUBEFLOW_PROFILE_LABELS,
+    POLICIES_DIR,
     POLICY_TEST_PODS,
     RELEASE_NAMESPACE,
     AuditLog,
     Obj,
     WebhookStack,
-    annotations,
     api_defaults,
     api_error,
     comparable_spec,
@@ -40,11 +41,12 @@ from .webhook import (
     example_pod,
     exception_warnings,
     gpu_probe_pod,
-    labels,
     load_pod,
     place_pod,
     plain_pod,
+    pod_annotations,
     pod_exists,
+    pod_labels,
     read_pod,
     scheduler_name,
     wait_for,
@@ -56,6 +58,16 @@ GPUWARDEN_PREFIX = "gpuwarden.io/"
 MUTATION_AUDIT = "mutation.webhook.admission.k8s.io"
 
 
+MPS_POLICY = Path(__file__).parent / "policies" / "00-e2e-mps.yaml"
+MPS_TENANT_LABELS = {**KUBEFLOW_PROFILE_LABELS, "e2e.gpuwarden.io/tenant": "mps"}
+
+
+@pytest.fixture(scope="module")
+def gpuwarden_policies() -> Sequence[Path]:
+    """The default policies, plus an MPS tenant (backend nvidia) for env and gpu.shared."""
+    return (MPS_POLICY, POLICIES_DIR)
+
+
 @pytest.fixture(scope="module")
 def kubeflow_ns(gpuwarden: WebhookStack) -> str:
     """A Kubeflow profile namespace (generic tenant kubeflow-profiles), known to the webhook."""
@@ -63,15 +75,15 @@ def kubeflow_ns(gpuwarden: WebhookStack) -> str:
 
 
 def _ours(pod: Mapping[str, Any]) -> dict[str, str]:
-    return {k: v for k, v in annotations(pod).items() if k.startswith(GPUWARDEN_PREFIX)}
+    return {k: v for k, v in pod_annotations(pod).items() if k.startswith(GPUWARDEN_PREFIX)}
 
 
 def assert_matches_policy_core(stored: Mapping[str, Any], expected: Admission) -> None:
     """The stored pod carries exactly the mutation the policy core computes for it."""
     want = expected.pod
     assert comparable_spec(stored) == comparable_spec(want)
-    assert annotations(stored) == annotations(want)
-    assert labels(stored) == labels(want)
+    assert pod_annotations(stored) == pod_annotations(want)
+    assert pod_labels(stored) == pod_labels(want)
     assert stored["metadata"].get("ownerReferences") == want["metadata"].get("ownerReferences")
 
 
@@ -212,7 +224,7 @@ def test_kubeflow_pod_comes_back_mutated(
     assert spec["priorityClassName"] == literal.priority_class
     assert spec["priority"] == literal.priority
     assert spec["preemptionPolicy"] == literal.preemption
-    ours = annotations(stored)
+    ours = pod_annotations(stored)
     assert ours["gpuwarden.io/profile"] == literal.profile
     assert ours["gpuwarden.io/tenant"] == "kubeflow-profiles"
     assert ours["gpuwarden.io/containers"] == literal.container
@@ -258,8 +270,8 @@ def test_tenant_overrides_apply_in_tenant_a(gpuwarden: WebhookStack) -> None:
     assert main["resources"]["requests"]["nvidia.com/gpu"] == "8"
     assert main["resources"]["limits"]["memory"] == "64Gi"
     assert _container(created.pod, "wait").get("resources") in (None, {})
-    assert annotations(created.pod)["scheduling.volcano.sh/queue-name"] == "tenant-a"
-    assert annotations(created.pod)["gpuwarden.io/tenant"] == "tenant-a"
+    assert pod_annotations(created.pod)["scheduling.volcano.sh/queue-name"] == "tenant-a"
+    assert pod_annotations(created.pod)["gpuwarden.io/tenant"] == "tenant-a"
     assert created.pod["spec"]["priority"] == 200
     assert any("tenant override of gpus, host_memory" in w for w in created.warnings)
     assert not pod_exists(gpuwarden.api, ns, pod["metadata"]["name"])
@@ -359,8 +371,8 @@ def _assert_untouched(
     assert "priorityClassName" not in stored["spec"]
     defaulted = api_defaults(stack.api, original)
     assert comparable_spec(stored) == comparable_spec(defaulted)
-    assert annotations(stored) == annotations(original)
-    assert labels(stored) == labels(original)
+    assert pod_annotations(stored) == pod_annotations(original)
+    assert pod_labels(stored) == pod_labels(original)
 
 
 @pytest.mark.parametrize("where", ["kube-system", RELEASE_NAMESPACE])
@@ -417,10 +429,23 @@ def test_opt_out_namespace_label(gpuwarden: WebhookStack, counted: Counted) -> N
 
 
 def _quota_used(api: k8s_client.ApiClient, ns: str, name: str) -> dict[str, Decimal]:
-    from gpuwarden.policy.quantity import parse_quantity
-
-    quota = k8s_client.CoreV1Api(api).read_namespaced_resource_quota(name, ns)
+    quota: Any = k8s_client.CoreV1Api(api).read_namespaced_resource_quota(name, ns)
     return {k: parse_quantity(v) for k, v in (quota.status.used or {}).items()}
+
+
+def _write_quota(api: k8s_client.ApiClient, ns: str, name: str, hard: Mapping[str, str]) -> None:
+    """A ResourceQuota, and its status as the (absent) controller-manager would write it."""
+    core = k8s_client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(
+        ns,
+        k8s_client.V1ResourceQuota(
+            metadata=k8s_client.V1ObjectMeta(name=name),
+            spec=k8s_client.V1ResourceQuotaSpec(hard=dict(hard)),
+        ),
+    )
+    quota = core.read_namespaced_resource_quota(name, ns)
+    quota.status = k8s_client.V1ResourceQuotaStatus(hard=dict(hard), used=dict.fromkeys(hard, "0"))
+    core.replace_namespaced_resource_quota_status(name, ns, quota)
 
 
 def test_resource_quota_charges_the_mutated_resources(gpuwarden: WebhookStack) -> None:
@@ -431,21 +456,10 @@ def test_resource_quota_charges_the_mutated_resources(gpuwarden: WebhookStack) -
     is charged requests.volcano.sh/vgpu-number and no nvidia.com/gpu at all.
     """
     api = gpuwarden.api
-    core = k8s_client.CoreV1Api(api)
     ns = gpuwarden.tenant_namespace("e2e-quota")
     name = "gpus"
     hard = {"requests.nvidia.com/gpu": "3", "requests.volcano.sh/vgpu-number": "2"}
-    core.create_namespaced_resource_quota(
-        ns,
-        k8s_client.V1ResourceQuota(
-            metadata=k8s_client.V1ObjectMeta(name=name),
-            spec=k8s_client.V1ResourceQuotaSpec(hard=hard),
-        ),
-    )
-    # No controller-manager runs here: write status.hard and status.used as it would.
-    quota = core.read_namespaced_resource_quota(name, ns)
-    quota.status = k8s_client.V1ResourceQuotaStatus(hard=hard, used=dict.fromkeys(hard, "0"))
-    core.replace_namespaced_resource_quota_status(name, ns, quota)
+    _write_quota(api, ns, name, hard)
 
     training = place_pod(example_pod("kfp-train-step"), ns)
 
@@ -526,3 +540,71 @@ def test_opt_out_pod_label_skips_mutation_but_not_validation(
     web["metadata"]["labels"].update(opted_out)
     created = create_pod(gpuwarden.api, web)
     _assert_untouched(gpuwarden, created.pod, web)
+
+
+# --- MPS sharing (backend nvidia): environment and a shared resource of its own -------------
+
+
+def _mps_notebook(namespace: str) -> Obj:
+    """A Kubeflow notebook whose owner asked for the MPS profile by label."""
+    pod = place_pod(example_pod("notebook"), namespace)
+    pod["metadata"]["labels"]["gpuwarden.io/profile"] = "mps-shared"
+    return pod
+
+
+def test_mps_profile_sets_cuda_mps_environment(gpuwarden: WebhookStack) -> None:
+    ns = gpuwarden.tenant_namespace("e2e-mps", MPS_TENANT_LABELS)
+    pod = _mps_notebook(ns)
+    expected = gpuwarden.expect(pod)
+
+    created = create_pod(gpuwarden.api, pod)
+
+    stored = read_pod(gpuwarden.api, ns, pod["metadata"]["name"])
+    assert_matches_policy_core(stored, expected)
+    assert_priority_consistent(stored, gpuwarden)
+    assert set(expected.warnings) <= set(created.warnings)
+    container = _container(stored, "alice-jupyter")
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    # The notebook's own variable stays; the MPS client limits come from the profile.
+    assert env == {
+        "NB_PREFIX": "/notebook/tenant-a/alice-jupyter",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=12288M",
+    }
+    assert container["resources"]["limits"]["nvidia.com/gpu.shared"] == "1"
+    assert container["resources"]["requests"]["nvidia.com/gpu.shared"] == "1"
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    # NVIDIA's device plugin works with the default scheduler.
+    assert stored["spec"]["schedulerName"] == "default-scheduler"
+    assert stored["spec"]["priorityClassName"] == "gpuwarden-mps-shared"
+    assert stored["spec"]["priority"] == 120
+    assert pod_annotations(stored)["gpuwarden.io/tenant"] == "e2e-mps"
+    assert pod_annotations(stored)["gpuwarden.io/gpu-memory-limit"] == "12Gi"
+
+
+def test_resource_quota_charges_shared_gpus_under_their_own_name(gpuwarden: WebhookStack) -> None:
+    """No whole GPU left in the quota, one MPS share: the notebook fits only because it is shared."""
+    api = gpuwarden.api
+    ns = gpuwarden.tenant_namespace("e2e-mps-quota", MPS_TENANT_LABELS)
+    hard = {"requests.nvidia.com/gpu": "0", "requests.nvidia.com/gpu.shared": "1"}
+    _write_quota(api, ns, "shares", hard)
+
+    def refused_for_quota() -> bool:
+        try:
+            create_pod(api, place_pod(example_pod("pytorchjob-worker"), ns), dry_run=True)
+        except ApiException as exc:
+            return "exceeded quota: shares" in api_error(exc)[1]
+        return False
+
+    wait_for("the ResourceQuota to be enforced", refused_for_quota)
+    create_pod(api, _mps_notebook(ns))
+    assert _quota_used(api, ns, "shares") == {
+        "requests.nvidia.com/gpu": Decimal(0),
+        "requests.nvidia.com/gpu.shared": Decimal(1),
+    }
+    with pytest.raises(ApiException) as refused:
+        create_pod(api, _mps_notebook(ns))
+    status, text = api_error(refused.value)
+    assert status == 403
+    assert "requested: requests.nvidia.com/gpu.shared=1" in text
+    assert "limited: requests.nvidia.com/gpu.shared=1" in text

@@ -22,7 +22,6 @@ from .webhook import (
     AuditLog,
     Obj,
     WebhookStack,
-    annotations,
     api_error,
     chart_values_for,
     chart_webhook_configurations,
@@ -32,6 +31,7 @@ from .webhook import (
     gpu_probe_pod,
     place_pod,
     plain_pod,
+    pod_annotations,
     pod_exists,
     read_pod,
     render_chart,
@@ -101,7 +101,7 @@ def _assert_outside_scope_unaffected(stack: WebhookStack, scope: Scope) -> None:
     for namespace in scope.outside():
         pod = gpu_probe_pod(namespace)
         created = create_pod(stack.api, pod)
-        assert "gpuwarden.io/profile" not in annotations(created.pod), namespace
+        assert "gpuwarden.io/profile" not in pod_annotations(created.pod), namespace
         assert created.pod["spec"]["schedulerName"] == "default-scheduler", namespace
 
 
@@ -169,7 +169,7 @@ def test_ignore_lets_pods_pass_unmutated(
     if blocked_by is None:
         stored_pod = read_pod(stack.api, scope.governed, pod["metadata"]["name"])
         # Through unchanged: no profile, no Volcano, no priority class.
-        assert "gpuwarden.io/profile" not in annotations(stored_pod)
+        assert "gpuwarden.io/profile" not in pod_annotations(stored_pod)
         assert stored_pod["spec"]["schedulerName"] == "default-scheduler"
         assert "priorityClassName" not in stored_pod["spec"]
         event = audit_log.pod_creation(scope.governed, pod["metadata"]["name"])
@@ -193,5 +193,5 @@ def test_governance_resumes_when_gpuwarden_is_back(
     stack.install()  # the chart's defaults again: Fail
     wait_until_governed(stack.api, scope.governed, "kubeflow-profiles")
     created = create_pod(stack.api, place_pod(example_pod("pytorchjob-worker"), scope.governed))
-    assert annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
+    assert pod_annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
     assert created.pod["spec"]["schedulerName"] == "volcano"

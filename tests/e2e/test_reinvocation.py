@@ -31,14 +31,14 @@ from .webhook import (
     AuditLog,
     Obj,
     WebhookStack,
-    annotations,
     comparable_spec,
     create_pod,
     delete_webhook_configurations,
     example_pod,
     install_webhook_configurations,
-    labels,
     place_pod,
+    pod_annotations,
+    pod_labels,
     wait_for,
     webhook_audit,
 )
@@ -186,7 +186,7 @@ def labelled_ns(
             "the second mutating webhook to be called",
             lambda: (
                 LABEL
-                in labels(
+                in pod_labels(
                     create_pod(
                         gpuwarden.api, place_pod(example_pod("notebook"), namespace), dry_run=True
                     ).pod
@@ -220,10 +220,10 @@ def test_mutated_exactly_once_and_our_second_call_is_an_empty_patch(
     # Our mutation, once, and the labeller's label on top of it.
     stored = created.pod
     assert comparable_spec(stored) == comparable_spec(expected.pod)
-    assert annotations(stored) == annotations(expected.pod)
-    assert labels(stored) == {**labels(expected.pod), LABEL: "true"}
+    assert pod_annotations(stored) == pod_annotations(expected.pod)
+    assert pod_labels(stored) == {**pod_labels(expected.pod), LABEL: "true"}
     # The labeller ran after us: it saw the pod already mutated.
-    assert [annotations(p).get("gpuwarden.io/profile") for p in labeller.seen] == ["batch-hpo"]
+    assert [pod_annotations(p).get("gpuwarden.io/profile") for p in labeller.seen] == ["batch-hpo"]
     # We were called twice; the second time (the reinvocation) we had nothing to change.
     calls = gpuwarden.server.admissions(namespace=namespace, pod=name)
     assert [(c["endpoint"], c["patched"]) for c in calls if c["endpoint"] == "mutate"] == [
@@ -250,7 +250,7 @@ def test_reinvocation_restores_what_a_later_webhook_undid(
     created = create_pod(gpuwarden.api, pod)
 
     assert created.pod["spec"]["schedulerName"] == "volcano"
-    assert annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
+    assert pod_annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
     calls = gpuwarden.server.admissions(namespace=namespace, pod=name)
     assert [c["patched"] for c in calls if c["endpoint"] == "mutate"] == [True, True]
     event = audit_log.pod_creation(namespace, name)

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from cryptography import x509
@@ -43,11 +44,11 @@ from .controlplane import ControlPlane
 from .webhook import (
     RELEASE_NAME,
     WebhookStack,
-    annotations,
     api_error,
     create_pod,
     example_pod,
     place_pod,
+    pod_annotations,
     presented_certificate,
     wait_for,
     wait_until_governed,
@@ -87,7 +88,7 @@ class PodStream:
                 except Exception as exc:  # a lost request of any kind is a finding
                     outcome = Outcome(name, ok=False, error=f"{type(exc).__name__}: {exc}")
                 else:
-                    profile = annotations(created.pod).get("gpuwarden.io/profile")
+                    profile = pod_annotations(created.pod).get("gpuwarden.io/profile")
                     outcome = Outcome(name, ok=True, mutated=profile == "light-training")
                 with self._lock:
                     self.outcomes.append(outcome)
@@ -181,7 +182,8 @@ def test_rotation_during_a_stream_of_pod_creations_loses_nothing(
     assert unmutated == [], f"{len(unmutated)} pods came back unmutated"
     # Nothing lost: every creation that returned is stored.
     core = k8s_client.CoreV1Api(gpuwarden.api)
-    stored = {p.metadata.name for p in core.list_namespaced_pod(stream.namespace).items}
+    listed: Any = core.list_namespaced_pod(stream.namespace)
+    stored = {p.metadata.name for p in listed.items}
     assert {o.name for o in outcomes} <= stored
     after = gpuwarden.server.sample_sum("gpuwarden_certificate_reloads_total", result="ok")
     assert after - reloads >= 2

@@ -92,6 +92,14 @@ _POLL = 0.05
 _LOG_TAIL = 60
 
 
+def model(cls: Any, data: Mapping[str, Any]) -> Any:
+    """A kubernetes client model from wire-format data (its from_dict, never None here)."""
+    built = cls.from_dict(dict(data))
+    if built is None:
+        raise E2EError(f"{cls.__name__}.from_dict returned None for {data!r}")
+    return built
+
+
 class E2EError(AssertionError):
     """Something the e2e fixtures needed did not happen in time (the message says what)."""
 
@@ -385,9 +393,9 @@ def install_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[
     for config in configs:
         name = config["metadata"]["name"]
         if config["kind"] == "MutatingWebhookConfiguration":
-            body_m = k8s_client.V1MutatingWebhookConfiguration.from_dict(config)
+            body_m = model(k8s_client.V1MutatingWebhookConfiguration, config)
             try:
-                current_m = admission.read_mutating_webhook_configuration(name)
+                current_m: Any = admission.read_mutating_webhook_configuration(name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -396,9 +404,9 @@ def install_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[
                 body_m.metadata.resource_version = current_m.metadata.resource_version
                 admission.replace_mutating_webhook_configuration(name, body_m)
         else:
-            body_v = k8s_client.V1ValidatingWebhookConfiguration.from_dict(config)
+            body_v = model(k8s_client.V1ValidatingWebhookConfiguration, config)
             try:
-                current_v = admission.read_validating_webhook_configuration(name)
+                current_v: Any = admission.read_validating_webhook_configuration(name)
             except ApiException as exc:
                 if exc.status != 404:
                     raise
@@ -435,7 +443,7 @@ def ensure_priority_classes(api: k8s_client.ApiClient, manifests: Iterable[Obj])
     scheduling = k8s_client.SchedulingV1Api(api)
     for manifest in manifests:
         try:
-            scheduling.create_priority_class(k8s_client.V1PriorityClass.from_dict(manifest))
+            scheduling.create_priority_class(model(k8s_client.V1PriorityClass, manifest))
         except ApiException as exc:
             if exc.status != 409:
                 raise
@@ -472,7 +480,7 @@ def create_namespace(
         metadata=k8s_client.V1ObjectMeta(name=name, labels=dict(labels or {}))
     )
     try:
-        created = core.create_namespace(body)
+        created: Any = core.create_namespace(body)
     except ApiException as exc:
         if exc.status != 409:
             raise
@@ -537,9 +545,10 @@ def create_pod(
     Raises ApiException on refusal (its ``body`` holds the Status, its ``headers`` the warnings).
     """
     core = k8s_client.CoreV1Api(api)
-    response = core.create_namespaced_pod(
+    # _preload_content=False: the raw urllib3 response, with every Warning header.
+    response: Any = core.create_namespaced_pod(
         pod["metadata"]["namespace"],
-        k8s_client.V1Pod.from_dict(dict(pod)),
+        model(k8s_client.V1Pod, pod),
         dry_run="All" if dry_run else None,
         _preload_content=False,
     )
@@ -575,7 +584,7 @@ def api_defaults(api: k8s_client.ApiClient, pod: Mapping[str, Any]) -> Obj:
 
 def read_pod(api: k8s_client.ApiClient, namespace: str, name: str) -> Obj:
     core = k8s_client.CoreV1Api(api)
-    response = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    response: Any = core.read_namespaced_pod(name, namespace, _preload_content=False)
     pod: Obj = json.loads(response.data)
     return pod
 
@@ -633,11 +642,11 @@ def plain_pod(namespace: str, *, name: str | None = None) -> Obj:
     return pod
 
 
-def annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
 
 
-def labels(pod: Mapping[str, Any]) -> dict[str, str]:
+def pod_labels(pod: Mapping[str, Any]) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("labels") or {})
 
 
@@ -652,7 +661,7 @@ def wait_until_governed(
 
     def probe() -> bool:
         created = create_pod(api, gpu_probe_pod(namespace), dry_run=True)
-        return annotations(created.pod).get("gpuwarden.io/tenant") == tenant
+        return pod_annotations(created.pod).get("gpuwarden.io/tenant") == tenant
 
     wait_for(f"the webhook to govern namespace {namespace} as tenant {tenant}", probe, timeout)
 
@@ -863,7 +872,7 @@ class WebhookStack:
         delete_webhook_configurations(self.api, self.configs)
 
     def namespace_labels(self, namespace: str) -> dict[str, str]:
-        ns = k8s_client.CoreV1Api(self.api).read_namespace(namespace)
+        ns: Any = k8s_client.CoreV1Api(self.api).read_namespace(namespace)
         return dict(ns.metadata.labels or {})
 
     def expect(self, pod: Mapping[str, Any]) -> Admission:
