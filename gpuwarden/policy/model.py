@@ -416,6 +416,41 @@ class TenantLimits(StrictModel):
     )
 
 
+class TenantQuota(StrictModel):
+    """The ResourceQuota `gpuwarden render` writes into each namespace the tenant lists by name."""
+
+    gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="GPU devices the namespace may request at once; charged as "
+        "requests.<count resource> of every backend the tenant's profiles use "
+        "(nvidia.com/gpu, volcano.sh/vgpu-number, nvidia.com/gpu.shared)",
+    )
+    hard: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Further ResourceQuota spec.hard entries, copied as given (requests.cpu, "
+        "pods, ...); render warns about keys that are accepted but never charged",
+    )
+
+
+class VolcanoQueueSpec(StrictModel):
+    """The Volcano Queue (scheduling.volcano.sh/v1beta1) named by the tenant's queue.
+
+    Volcano has no per-queue overcommit field: its overcommit factor is the `overcommit`
+    scheduler plugin's `overcommit-factor` argument.
+    """
+
+    weight: int = Field(default=1, ge=1, le=65535)
+    capability: dict[str, Quantity] = Field(default_factory=dict)
+    guarantee: dict[str, Quantity] = Field(
+        default_factory=dict, description="Queue spec.guarantee.resource"
+    )
+    deserved: dict[str, Quantity] = Field(
+        default_factory=dict, description="Queue spec.deserved (the capacity plugin)"
+    )
+    reclaimable: bool = True
+
+
 class Tenant(StrictModel):
     """One or more namespaces governed together."""
 
@@ -432,11 +467,19 @@ class Tenant(StrictModel):
         default=True, description=f"Honour the pod label {keys.PROFILE_LABEL}"
     )
     queue: str | None = Field(default=None, description="Volcano queue for this tenant's pods")
+    quota: TenantQuota | None = Field(
+        default=None, description="ResourceQuota to render per namespace; unset renders none"
+    )
+    queue_spec: VolcanoQueueSpec | None = Field(
+        default=None, description="The Volcano Queue to render for `queue`; unset renders a default"
+    )
 
     @model_validator(mode="after")
     def _has_scope(self) -> Tenant:
         if not self.namespaces and self.namespace_selector is None:
             raise ValueError("a tenant needs namespaces or a namespaceSelector")
+        if self.queue_spec is not None and not self.queue:
+            raise ValueError("queueSpec needs queue: the name of the Volcano queue")
         return self
 
 

@@ -34,6 +34,7 @@ from gpuwarden.policy import keys
 from gpuwarden.policy.backends import plan_for
 from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
 from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuwarden"}
 ANNOTATION_RENDERED_FROM = "gpuwarden.io/rendered-from"
@@ -185,11 +186,17 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     multiplies by the GPU count) admits, and the webhook stays the exact check.
     """
     hard: dict[str, str] = {}
+    resources = tenant_gpu_resources(policies, tenant)
     quota = tenant.limits.gpu_memory_quota
     if quota is not None:
         mib = mebibytes_ceil(quantity_value(quota))
-        for resource in sorted(tenant_gpu_resources(policies, tenant) & GPU_MEMORY_MIB_RESOURCES):
+        for resource in sorted(resources & GPU_MEMORY_MIB_RESOURCES):
             hard[f"requests.{resource}"] = str(mib)
+    if tenant.quota is not None:
+        if tenant.quota.gpus is not None:
+            for resource in sorted(resources & GPU_COUNT_RESOURCES):
+                hard[f"requests.{resource}"] = str(tenant.quota.gpus)
+        hard.update(tenant.quota.hard)
     return hard
 
 
@@ -296,11 +303,14 @@ def volcano_queue(
     reclaimable: bool = True,
     capability: Mapping[str, str] | None = None,
     guarantee: Mapping[str, str] | None = None,
+    deserved: Mapping[str, str] | None = None,
     rendered_from: str = "",
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {"weight": weight, "reclaimable": reclaimable}
     if capability:
         spec["capability"] = dict(capability)
+    if deserved:
+        spec["deserved"] = dict(deserved)
     if guarantee:
         spec["guarantee"] = {"resource": dict(guarantee)}
     metadata: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
@@ -342,7 +352,21 @@ def _volcano_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
                 "rendered without a capability"
             )
         source = ",".join(f"tenants/{t.name}" for t in tenants) or "backend.queue"
-        objects.append(volcano_queue(name, capability=capability, rendered_from=source))
+        spec = next((t.queue_spec for t in tenants if t.queue_spec is not None), None)
+        if spec is None:
+            objects.append(volcano_queue(name, capability=capability, rendered_from=source))
+            continue
+        objects.append(
+            volcano_queue(
+                name,
+                weight=spec.weight,
+                reclaimable=spec.reclaimable,
+                capability={**capability, **spec.capability},
+                guarantee=spec.guarantee,
+                deserved=spec.deserved,
+                rendered_from=source,
+            )
+        )
     if objects:
         out.note(VOLCANO_OVERCOMMIT_NOTE)
     return objects
