@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CACHE_DIR ?= $(HOME)/.cache/gpuwarden-e2e
 export GPUWARDEN_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: run test lint typecheck unit e2e demo bench fuzz tools clean
+.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench: $(STAMP)
 
 fuzz: $(STAMP)
 	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/test_fuzz.py
+
+## Regenerate the README's field table and the chart's CRD from the policy model.
+docs: $(STAMP)
+	$(BIN)/python hack/update-docs.py
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis

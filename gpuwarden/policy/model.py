@@ -72,7 +72,7 @@ Quantity = Annotated[
     str,
     BeforeValidator(_check_quantity),
     Field(
-        description="A Kubernetes quantity, e.g. 8Gi",
+        description="a Kubernetes quantity (8Gi, 500m)",
         json_schema_extra={"x-kubernetes-int-or-string": True},
     ),
 ]

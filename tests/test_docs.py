@@ -1,0 +1,31 @@
+"""The README's field table is generated from the policy model and must not drift from it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _update_docs_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("update_docs", ROOT / "hack" / "update-docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_readme_field_table_is_generated_from_the_model() -> None:
+    docs = _update_docs_module()
+    readme = (ROOT / "README.md").read_text()
+    assert readme == docs.readme_with_table(readme), (
+        "README.md's field table is stale: run `make docs`"
+    )
+
+
+def test_readme_field_table_covers_the_seed_fields() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for field in ("gpuShare", "maxMemory", "overcommitRatio", "priority", "preemptible"):
+        assert f"`spec.profiles[].{field}`" in readme
