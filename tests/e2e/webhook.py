@@ -54,7 +54,7 @@ from gpuwarden.policy import (
 from gpuwarden.policy.loader import policy_files
 from gpuwarden.policy.quantity import parse_quantity
 
-from .controlplane import REPO_ROOT, free_ports
+from .controlplane import REPO_ROOT, _die_with_parent, free_ports
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -213,6 +213,8 @@ class GpuwardenServer:
             stderr=subprocess.STDOUT,
             cwd=REPO_ROOT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Killed with the test process, should that die without stopping it.
+            preexec_fn=_die_with_parent,
         )
         deadline = time.monotonic() + self.startup_timeout
         last = "no answer yet"
