@@ -16,7 +16,7 @@ from aiohttp import web
 from gpuwarden.kube.cluster import ClusterSource
 from gpuwarden.policy import Decision
 from gpuwarden.webhook.decide import Endpoint, FailureMode, decide, failure_decision
-from gpuwarden.webhook.logs import ADMISSION_LOGGER
+from gpuwarden.webhook.logs import AdmissionLog
 from gpuwarden.webhook.metrics import CONTENT_TYPE, Metrics
 from gpuwarden.webhook.policies import PolicyReloader
 from gpuwarden.webhook.review import Review, ReviewError, decode, encode
@@ -27,7 +27,6 @@ DEFAULT_MAX_BODY = 6 * 1024 * 1024
 INLINE_BODY = 64 * 1024
 
 log = logging.getLogger("gpuwarden.webhook")
-admission_log = logging.getLogger(ADMISSION_LOGGER)
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,7 @@ class WebhookContext:
     settings: Settings = field(default_factory=Settings)
     certificate_served: bool = False
     certificate_error: str | None = None
+    admission_log: AdmissionLog = field(default_factory=AdmissionLog)
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="evaluate")
     )
@@ -184,26 +184,23 @@ class AdmissionHandler:
         metrics = self.ctx.metrics
         metrics.requests.labels(self.endpoint, verdict, tenant, profile).inc()
         metrics.latency.labels(self.endpoint).observe(elapsed)
-        admission_log.info(
-            "admission",
-            extra={
-                "fields": {
-                    "uid": review.uid,
-                    "endpoint": self.endpoint,
-                    "operation": review.operation,
-                    "namespace": review.namespace,
-                    "pod": review.pod_name,
-                    "kind": review.kind,
-                    "tenant": decision.tenant,
-                    "profile": decision.profile,
-                    "rule": decision.rule,
-                    "decision": verdict,
-                    "patched": bool(payload["response"].get("patch")),
-                    "dry_run": review.dry_run,
-                    "duration_ms": round(elapsed * 1000, 3),
-                    "worker": self.pid,
-                }
-            },
+        self.ctx.admission_log.write(
+            {
+                "uid": review.uid,
+                "endpoint": self.endpoint,
+                "operation": review.operation,
+                "namespace": review.namespace,
+                "pod": review.pod_name,
+                "kind": review.kind,
+                "tenant": decision.tenant,
+                "profile": decision.profile,
+                "rule": decision.rule,
+                "decision": verdict,
+                "patched": bool(payload["response"].get("patch")),
+                "dry_run": review.dry_run,
+                "duration_ms": round(elapsed * 1000, 3),
+                "worker": self.pid,
+            }
         )
         return response
 

@@ -81,26 +81,47 @@ def _quantities(value: Any, path: str) -> None:
 
 
 def _container(body: Any, path: str) -> None:
-    container = _object(body, path)
-    if container is None:
+    # The hot path: plain type checks; a path is only formatted for an error.
+    if not isinstance(body, Mapping):
         raise _fail(path, "an object", body)
-    _string(container.get("name"), f"{path}.name")
-    resources = _object(container.get("resources"), f"{path}.resources")
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise _fail(f"{path}.name", "a string", name)
+    resources = body.get("resources")
     if resources is not None:
+        if not isinstance(resources, Mapping):
+            raise _fail(f"{path}.resources", "an object", resources)
         for section in ("limits", "requests"):
-            _quantities(resources.get(section), f"{path}.resources.{section}")
-    for index, entry in enumerate(_list(container.get("env"), f"{path}.env")):
-        item = _object(entry, f"{path}.env[{index}]")
-        if item is None:
-            raise _fail(f"{path}.env[{index}]", "an object", entry)
-        _string(item.get("name"), f"{path}.env[{index}].name")
-        _string(item.get("value"), f"{path}.env[{index}].value")
-        _object(item.get("valueFrom"), f"{path}.env[{index}].valueFrom")
-    for index, entry in enumerate(_list(container.get("envFrom"), f"{path}.envFrom")):
-        if _object(entry, f"{path}.envFrom[{index}]") is None:
-            raise _fail(f"{path}.envFrom[{index}]", "an object", entry)
-    _object(container.get("securityContext"), f"{path}.securityContext")
-    _list(container.get("volumeMounts"), f"{path}.volumeMounts")
+            values = resources.get(section)
+            if values is not None:
+                _quantities(values, f"{path}.resources.{section}")
+    env = body.get("env")
+    if env is not None:
+        if not isinstance(env, list):
+            raise _fail(f"{path}.env", "an array", env)
+        for index, item in enumerate(env):
+            if not isinstance(item, Mapping):
+                raise _fail(f"{path}.env[{index}]", "an object", item)
+            for key in ("name", "value"):
+                value = item.get(key)
+                if value is not None and not isinstance(value, str):
+                    raise _fail(f"{path}.env[{index}].{key}", "a string", value)
+            source = item.get("valueFrom")
+            if source is not None and not isinstance(source, Mapping):
+                raise _fail(f"{path}.env[{index}].valueFrom", "an object", source)
+    env_from = body.get("envFrom")
+    if env_from is not None:
+        if not isinstance(env_from, list):
+            raise _fail(f"{path}.envFrom", "an array", env_from)
+        for index, item in enumerate(env_from):
+            if not isinstance(item, Mapping):
+                raise _fail(f"{path}.envFrom[{index}]", "an object", item)
+    context = body.get("securityContext")
+    if context is not None and not isinstance(context, Mapping):
+        raise _fail(f"{path}.securityContext", "an object", context)
+    mounts = body.get("volumeMounts")
+    if mounts is not None and not isinstance(mounts, list):
+        raise _fail(f"{path}.volumeMounts", "an array", mounts)
 
 
 def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
@@ -115,17 +136,29 @@ def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
     if spec is None:
         return
     for field in _CONTAINER_LISTS:
-        for index, body in enumerate(_list(spec.get(field), f"{path}.spec.{field}")):
+        items = spec.get(field)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise _fail(f"{path}.spec.{field}", "an array", items)
+        for index, body in enumerate(items):
             _container(body, f"{path}.spec.{field}[{index}]")
     for key in _SPEC_STRINGS:
-        _string(spec.get(key), f"{path}.spec.{key}")
+        value = spec.get(key)
+        if value is not None and not isinstance(value, str):
+            raise _fail(f"{path}.spec.{key}", "a string", value)
     for key in _SPEC_BOOLS:
         value = spec.get(key)
         if value is not None and not isinstance(value, bool):
             raise _fail(f"{path}.spec.{key}", "a boolean", value)
     for key in _SPEC_LISTS:
-        for index, item in enumerate(_list(spec.get(key), f"{path}.spec.{key}")):
-            if _object(item, f"{path}.spec.{key}[{index}]") is None:
+        items = spec.get(key)
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise _fail(f"{path}.spec.{key}", "an array", items)
+        for index, item in enumerate(items):
+            if not isinstance(item, Mapping):
                 raise _fail(f"{path}.spec.{key}[{index}]", "an object", item)
     _string_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector")
     priority = spec.get("priority")

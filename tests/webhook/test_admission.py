@@ -15,7 +15,7 @@ import yaml
 
 from gpuwarden import cli
 from gpuwarden.policy import keys
-from gpuwarden.webhook.logs import JSONFormatter
+from gpuwarden.webhook.logs import AdmissionLog, JSONFormatter
 
 from .support import (
     Webhook,
@@ -207,3 +207,22 @@ async def test_patch_bytes_equal_the_cli(
 
 def test_there_are_example_pods() -> None:
     assert len(example_pods()) >= 3
+
+
+async def test_the_json_line_on_the_configured_stream(webhook: Webhook) -> None:
+    stream = io.StringIO()
+    assert webhook.server.context is not None
+    webhook.server.context.admission_log = AdmissionLog(stream)
+    data = review(notebook_pod(), dry_run=True)
+    await webhook.admit("mutate", data)
+    (line,) = stream.getvalue().splitlines()
+    entry = json.loads(line)
+    assert entry["msg"] == "admission" and entry["level"] == "info"
+    assert entry["uid"] == data["request"]["uid"]
+    assert (entry["namespace"], entry["pod"]) == ("team-a", "alice-jupyter-0")
+    assert (entry["tenant"], entry["profile"], entry["decision"]) == (
+        "team-a",
+        "light-training",
+        "allowed",
+    )
+    assert entry["dry_run"] is True and entry["duration_ms"] > 0
