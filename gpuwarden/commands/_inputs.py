@@ -122,7 +122,12 @@ def _review_request(doc: Mapping[str, Any], source: str, namespace: str | None) 
     operation = str(request.get("operation", "CREATE"))
     if operation not in _OPERATIONS:
         raise InputError(f"{source}: request.operation {operation!r} is not one of {_OPERATIONS}")
-    ns = namespace or request.get("namespace") or (obj.get("metadata") or {}).get("namespace")
+    meta = obj.get("metadata")
+    ns = (
+        namespace
+        or request.get("namespace")
+        or (meta.get("namespace") if isinstance(meta, Mapping) else None)
+    )
     old = request.get("oldObject")
     return AdmissionRequest(
         operation=cast(Operation, operation),
