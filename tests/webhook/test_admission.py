@@ -209,7 +209,10 @@ def test_there_are_example_pods() -> None:
     assert len(example_pods()) >= 3
 
 
-async def test_the_json_line_on_the_configured_stream(webhook: Webhook) -> None:
+async def test_the_json_line_on_the_configured_stream(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwarden.admission")  # as --log-level info does
     stream = io.StringIO()
     assert webhook.server.context is not None
     webhook.server.context.admission_log = AdmissionLog(stream)
