@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -130,9 +131,19 @@ def test_resource_quota_admission_counts_gpus(core: k8s_client.CoreV1Api, namesp
     )
     core.replace_namespaced_resource_quota_status("gpus", namespace, quota)
 
-    core.create_namespaced_pod(namespace, gpu_pod("first"))
-    used = core.read_namespaced_resource_quota("gpus", namespace).status.used
-    assert used == {"requests.nvidia.com/gpu": "1"}
+    # The quota plugin reads quotas through an informer, which sees the new status a moment
+    # later: until a pod is charged, remove the uncharged one and try again, up to a deadline.
+    deadline = time.monotonic() + 30
+    attempt = 0
+    while True:
+        attempt += 1
+        core.create_namespaced_pod(namespace, gpu_pod(f"first-{attempt}"))
+        used = core.read_namespaced_resource_quota("gpus", namespace).status.used
+        if used == {"requests.nvidia.com/gpu": "1"}:
+            break
+        assert time.monotonic() < deadline, f"the quota never charged a pod (used={used})"
+        core.delete_namespaced_pod(f"first-{attempt}", namespace, grace_period_seconds=0)
+        time.sleep(0.1)
 
     with pytest.raises(ApiException) as rejected:
         core.create_namespaced_pod(namespace, gpu_pod("second"))
