@@ -114,7 +114,11 @@ def _check(result: Mapping[str, Any], base: Path, suite: str, ctx: dict[str, Any
         profile = result.get("profile")
         if profile is not None and outcome.mutation.profile != profile:
             failures.append(f"expected profile {profile}, got {outcome.mutation.profile}")
-        for path, wanted in (result.get("fields") or {}).items():
+        fields = result.get("fields") or {}
+        if not isinstance(fields, Mapping):
+            failures.append("fields must be a map of field path to expected value")
+            fields = {}
+        for path, wanted in fields.items():
             found, actual = lookup(outcome.pod, str(path))
             if wanted is None and not found:
                 continue
@@ -126,7 +130,9 @@ def _check(result: Mapping[str, Any], base: Path, suite: str, ctx: dict[str, Any
             if not any(text in line for line in outcome.warnings):
                 failures.append(f"no warning contains {text!r}")
         expected_pod = result.get("pod")
-        if isinstance(expected_pod, str):
+        if expected_pod is not None and not isinstance(expected_pod, str):
+            failures.append("pod must name a file holding the expected pod")
+        elif isinstance(expected_pod, str):
             docs = read_documents(str(base / expected_pod))
             if not docs or docs[0] != outcome.pod:
                 failures.append(f"the mutated pod differs from {expected_pod}")
@@ -140,7 +146,8 @@ def _run_suite(file: Path) -> list[Row]:
     for doc in docs:
         if not isinstance(doc, Mapping) or doc.get("kind") != "Test":
             continue
-        suite = str((doc.get("metadata") or {}).get("name") or file.name)
+        meta = doc.get("metadata")
+        suite = str((meta.get("name") if isinstance(meta, Mapping) else None) or file.name)
         base = file.parent
         try:
             policies = load_paths([base / p for p in _as_list(doc.get("policies"))])
@@ -150,7 +157,11 @@ def _run_suite(file: Path) -> list[Row]:
         for ns_file in _as_list(doc.get("namespaces")):
             namespaces |= load_namespaces(str(base / ns_file))
         ctx = {"policies": policies, "cluster": cluster_view(namespaces)}
-        for result in doc.get("results") or []:
+        results = doc.get("results") or []
+        if not isinstance(results, list):
+            rows.append(Row(suite, "read suite", False, "results must be a list"))
+            continue
+        for result in results:
             if not isinstance(result, Mapping):
                 rows.append(Row(suite, "?", False, "each result must be a mapping"))
                 continue

@@ -361,7 +361,7 @@ def test_bundled_suite_passes(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.rstrip().endswith(" passed, 0 failed")
 
 
-def suite(tmp_path: Path, results: list[dict[str, Any]], **extra: Any) -> Path:
+def suite(tmp_path: Path, results: Any, **extra: Any) -> Path:
     (tmp_path / "pods").mkdir(exist_ok=True)
     for path in (EXAMPLES / "notebook.yaml", TEST_PODS / "privileged-gpu.yaml"):
         (tmp_path / "pods" / path.name).write_text(path.read_text())
@@ -436,3 +436,37 @@ def test_no_suites_found_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: P
     code, out, _ = run(capsys, "test", str(tmp_path))
     assert code == 2
     assert out.startswith("error: no test suites found")
+
+
+@pytest.mark.parametrize(
+    ("result", "detail"),
+    [
+        (
+            {"fields": ["spec.schedulerName"]},
+            "fields must be a map of field path to expected value",
+        ),
+        ({"pod": 5}, "pod must name a file holding the expected pod"),
+    ],
+)
+def test_malformed_results_fail_instead_of_crashing_or_passing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, result: dict[str, Any], detail: str
+) -> None:
+    path = suite(tmp_path, [{"name": "odd", "resource": "pods/notebook.yaml", **result}])
+    code, out, err = run(capsys, "test", str(path))
+    assert code == 1
+    assert "FAIL" in out and detail in out
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("extra", "detail"),
+    [({"metadata": 5}, "1 passed, 0 failed"), ({"results": 5}, "results must be a list")],
+)
+def test_malformed_suites_do_not_crash(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: dict[str, Any], detail: str
+) -> None:
+    results = extra.pop("results", [{"resource": "pods/notebook.yaml"}])
+    path = suite(tmp_path, results, **extra)
+    code, out, _ = run(capsys, "test", str(path))
+    assert detail in out
+    assert code == (0 if "0 failed" in detail else 1)
