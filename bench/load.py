@@ -148,8 +148,15 @@ async def open_loop(
     seconds: float,
     label: str,
 ) -> Result:
-    """Send at a fixed rate; latency counts from each request's scheduled time."""
-    idle: list[Connection] = [await Connection.open(port, ctx) for _ in range(16)]
+    """Send at a fixed rate; latency counts from each request's scheduled time.
+
+    A fixed pool of keep-alive connections, as the API server keeps: a request whose turn has
+    come waits for a free connection, and that wait counts in its latency.
+    """
+    pool = [await Connection.open(port, ctx) for _ in range(32)]
+    idle: asyncio.Queue[Connection] = asyncio.Queue()
+    for conn in pool:
+        idle.put_nowait(conn)
     latencies: list[float] = []
     failed = 0
     total = int(rate * seconds)
@@ -159,16 +166,17 @@ async def open_loop(
 
     async def one(i: int, at: float) -> None:
         nonlocal failed
-        conn = idle.pop() if idle else await Connection.open(port, ctx)
+        conn = await idle.get()
         try:
             status = await conn.post(requests[i % len(requests)])
         except (OSError, asyncio.IncompleteReadError):
             failed += 1
+            idle.put_nowait(await Connection.open(port, ctx))
             return
         latencies.append(loop.time() - at)
         if status != 200:
             failed += 1
-        idle.append(conn)
+        idle.put_nowait(conn)
 
     tasks = []
     for i in range(total):
@@ -180,8 +188,8 @@ async def open_loop(
     await asyncio.gather(*tasks)
     elapsed = loop.time() - start
     cpu = (_cpu() - cpu0) / elapsed
-    for conn in idle:
-        conn.close()
+    while not idle.empty():
+        idle.get_nowait().close()
     return Result(label, rate, total, failed, elapsed, latencies, cpu)
 
 
