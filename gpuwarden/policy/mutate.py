@@ -21,6 +21,20 @@ from gpuwarden.policy.quantity import (
 )
 from gpuwarden.policy.resources import ContainerRef, annotations_of, containers, is_gpu_resource
 
+# The decision annotations desired_annotations() writes only for some profiles: when a
+# reinvocation (e.g. after Katib's webhook added the trial labels) changes the profile, or a user
+# set one, the ones the new decision does not write are removed, or the node agent would read them.
+_CONDITIONAL_ANNOTATIONS = (
+    keys.ANNOTATION_TENANT,
+    keys.ANNOTATION_BACKEND,
+    keys.ANNOTATION_GPU_SHARED,
+    keys.ANNOTATION_PREEMPTIBLE,
+    keys.ANNOTATION_GPU_MEMORY_LIMIT,
+    keys.ANNOTATION_GPU_MEMORY_RESERVED,
+    keys.ANNOTATION_OVERCOMMIT_RATIO,
+    keys.ANNOTATION_THREAD_PERCENTAGE,
+)
+
 
 def _is_pod(obj: Mapping[str, Any]) -> bool:
     return obj.get("kind", "Pod") == "Pod" and isinstance(obj.get("spec"), Mapping)
@@ -195,7 +209,11 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
-    patch.merge(["metadata", "annotations"], desired_annotations(placement, backend_plan))
+    wanted = desired_annotations(placement, backend_plan)
+    patch.merge(["metadata", "annotations"], wanted)
+    for key in _CONDITIONAL_ANNOTATIONS:
+        if key not in wanted:
+            patch.remove(["metadata", "annotations", key])
     _set_priority(patch, profile, cluster)
     _set_placement(patch, profile)
     return patch, notes

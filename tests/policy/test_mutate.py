@@ -442,3 +442,36 @@ def test_recorded_containers_never_widen_a_gpu_grant(
     out = mutated(pod, default_policies, cluster)
     assert out["metadata"]["annotations"]["gpuwarden.io/containers"] == "main"
     assert "resources" not in container(out, "other")
+
+
+def test_katib_labels_added_after_us_are_picked_up_on_reinvocation(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """Katib's webhook may add the trial labels after ours; the reinvoked decision then gives the
+    trial its batch profile, with no trace left of the first profile."""
+    labeled = example("katib-trial")
+    pod = copy.deepcopy(labeled)
+    trial_labels = {
+        key: pod["metadata"]["labels"].pop(key)
+        for key in ("katib.kubeflow.org/trial", "katib.kubeflow.org/experiment")
+    }
+    first = mutated(pod, default_policies, cluster)
+    assert first["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    first["metadata"]["labels"].update(trial_labels)  # Katib's webhook
+    second = mutated(first, default_policies, cluster)
+    assert second == mutated(labeled, default_policies, cluster)
+    assert "gpuwarden.io/mps-thread-percentage" not in second["metadata"]["annotations"]
+    assert admit(create(second), default_policies, cluster).allowed
+
+
+def test_stale_decision_annotations_are_removed(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    pod = example("pytorchjob-worker")  # heavy-training: exclusive, no thread percentage
+    pod["metadata"]["annotations"] = {
+        "gpuwarden.io/mps-thread-percentage": "100",
+        "example.com/keep": "yes",
+    }
+    out = mutated(pod, default_policies, cluster)
+    assert "gpuwarden.io/mps-thread-percentage" not in out["metadata"]["annotations"]
+    assert out["metadata"]["annotations"]["example.com/keep"] == "yes"
