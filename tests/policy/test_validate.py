@@ -432,11 +432,14 @@ def validated(pod: dict[str, Any], policies: PolicySet, **kwargs: Any) -> Decisi
             "metadata.annotations[gpuwarden.io/gpu-memory-limit]",
         ),
         (
-            lambda p: (
-                p["metadata"]["annotations"].pop("gpuwarden.io/mps-thread-percentage", None)
-                or p["metadata"]["annotations"].update({"gpuwarden.io/gpu-shared": "false"})
-            ),
+            lambda p: p["metadata"]["annotations"].update({"gpuwarden.io/gpu-shared": "false"}),
             "metadata.annotations[gpuwarden.io/gpu-shared]",
+        ),
+        (
+            lambda p: p["metadata"]["annotations"].update(
+                {"gpuwarden.io/mps-thread-percentage": "100"}
+            ),
+            "metadata.annotations[gpuwarden.io/mps-thread-percentage]",
         ),
         (
             lambda p: main(p)["resources"]["limits"].update({"volcano.sh/vgpu-memory": "81920"}),
@@ -460,26 +463,24 @@ def test_scheduling_fields_that_contradict_the_policy(
     assert f"{field} contradicts profile shared (label)" in decision.message
 
 
-def test_gpu_resources_on_a_container_without_the_grant(policies: PolicySet) -> None:
-    pod = pod_with()
-    pod["spec"]["containers"].append(
-        {"name": "side", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
-    )
-    pod["spec"]["containers"][0]["resources"] = {}
-    pod["metadata"]["labels"] = {"gpuwarden.io/profile": "shared"}
-    policies_rule = policies_from(
+def test_gpu_resources_on_a_container_without_the_grant() -> None:
+    policies = policies_from(
         SPEC.replace(
             "workloads:\n",
             "workloads:\n  - {name: main-only, match: {kind: selector, "
             "labels: {matchLabels: {app: x}}}, profile: shared, containers: [main]}\n",
         )
     )
-    pod["metadata"]["labels"] = {"app": "x"}
-    decision = denial(pod, policies_rule)
+    pod = gpu_pod(namespace="team", labels={"app": "x"})
+    pod["spec"]["containers"].append(
+        {"name": "side", "image": "x", "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    )
+    decision = denial(pod, policies)
     assert (
         "spec.containers[side] requests nvidia.com/gpu but profile shared gives GPUs only to "
-        "main" in decision.message
+        "main; remove those resources" in decision.message
     )
+    assert decision.message.endswith("[policy test, check scheduling, rule/main-only]")
 
 
 # --- UPDATE and ephemeral containers -------------------------------------------------------
