@@ -20,7 +20,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden import cli
-from gpuwarden.certs.rotation import ServingNames, issue_directory
+from gpuwarden.certs.rotation import ServingNames, issue_directory, load_bundle
 from gpuwarden.kube.cluster import WatchedCluster
 from gpuwarden.kube.webhooks import inject_ca_bundle
 from gpuwarden.policy import keys
@@ -213,8 +213,8 @@ def test_410_gone_makes_the_cache_list_again(uncached_plane: ControlPlane) -> No
             )
         revision = int(core.list_namespaced_config_map("default").metadata.resource_version)
         _compact_etcd(uncached_plane, revision)
-        eventually(lambda: informer.stats.relists_after_gone >= 1, "a relist after 410 Gone")
-        assert informer.stats.lists >= 2
+        eventually(lambda: informer.stats.relists_after_gone >= 1, "a 410 Gone")
+        eventually(lambda: informer.stats.lists >= 2, "the list after 410 Gone")
         name = f"after-gone-{uuid.uuid4().hex[:6]}"
         core.create_namespace(k8s_client.V1Namespace(metadata=k8s_client.V1ObjectMeta(name=name)))
         eventually(lambda: name in watched.view().namespace_labels, "a namespace after the relist")
@@ -397,3 +397,22 @@ async def test_the_server_uses_live_namespaces_and_enforces_the_quota(
         await conn.close()
     finally:
         await server.stop()
+
+
+def test_certs_rotate_ca_publishes_the_bundle_before_moving_the_serving_cert(
+    api_client: k8s_client.ApiClient, control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    admission = k8s_client.AdmissionregistrationV1Api(api_client)
+    name = f"gpuwarden-{uuid.uuid4().hex[:6]}"
+    mutating, validating = _webhook_configs(name)
+    admission.create_mutating_webhook_configuration(mutating)
+    admission.create_validating_webhook_configuration(validating)
+    directory = issue_directory(tmp_path / "rot", ServingNames(("gpuwarden.ns.svc",)))
+    kubeconfig = str(control_plane.kubeconfig_path)
+    argv = ["certs", "rotate", "--dir", str(directory.root), "--ca", "--webhook-config", name]
+    assert cli.main([*argv, "--kubeconfig", kubeconfig]) == 0
+    bundle = load_bundle(directory.ca_cert.read_bytes())
+    assert len(bundle) == 2
+    published = admission.read_validating_webhook_configuration(name).webhooks[0]
+    assert base64.b64decode(published.client_config.ca_bundle) == directory.ca_cert.read_bytes()
+    directory.serving().certificate.verify_directly_issued_by(bundle[0])
