@@ -475,3 +475,26 @@ def test_stale_decision_annotations_are_removed(
     out = mutated(pod, default_policies, cluster)
     assert "gpuwarden.io/mps-thread-percentage" not in out["metadata"]["annotations"]
     assert out["metadata"]["annotations"]["example.com/keep"] == "yes"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a reinvocation that moves a pod from the nvidia (MPS) backend to another keeps "
+    "the CUDA_MPS_* env the first decision wrote, and the validator then denies it",
+)
+def test_reinvocation_across_backends_leaves_no_mps_env() -> None:
+    policies = policies_from(
+        """
+backend: nvidia
+profiles:
+  - {name: shared, maxMemory: 8Gi, threadPercentage: 50}
+  - {name: trial, gpuShare: false, backend: volcano}
+workloads: [{name: trials, match: {kind: katib-trial}, profile: trial}]
+defaultProfile: shared
+tenants: [{name: team, namespaces: [team]}]
+"""
+    )
+    first = mutated(gpu_pod(labels={"job-name": "t"}), policies, ClusterView())
+    first["metadata"]["labels"]["katib.kubeflow.org/trial"] = "t"  # Katib's webhook, after ours
+    result = admit(create(first), policies, ClusterView())
+    assert result.allowed, result.validation.message
