@@ -309,7 +309,7 @@ def test_tenant_by_namespace_label(default_policies: PolicySet, cluster: Cluster
     assert placement.tenant_reason == (
         "namespace carol is tenant kubeflow-profiles (by namespace labels)"
     )
-    # Named namespaces come first, even though they carry the Profile label too.
+    # tenant-a is listed (by name) before the selector tenant, so it wins though both match.
     named = place(example("notebook"), "tenant-a", cluster.labels_for("tenant-a"), default_policies)
     assert named.tenant is not None and named.tenant.name == "tenant-a"
     assert place(example("notebook"), "plain", {}, default_policies).tenant is None
