@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ class WebhookContext:
     settings: Settings = field(default_factory=Settings)
     certificate_served: bool = False
     certificate_error: str | None = None
+    certificate_not_after: datetime.datetime | None = None
     admission_log: AdmissionLog = field(default_factory=AdmissionLog)
     executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(max_workers=2, thread_name_prefix="evaluate")
@@ -75,6 +77,16 @@ class WebhookContext:
             missing.append(
                 f"certificate not served: {self.certificate_error or 'TLS listener not started'}"
             )
+        elif (
+            self.certificate_not_after is not None
+            and self.certificate_not_after <= datetime.datetime.now(datetime.UTC)
+        ):
+            missing.append(
+                f"the serving certificate expired at {self.certificate_not_after:%Y-%m-%d %H:%M} "
+                "UTC; renew it (gpuwarden certs rotate, or its issuer)"
+            )
+        elif self.certificate_error:
+            notes.append(f"new certificate files not loadable yet: {self.certificate_error}")
         missing += self.cluster.missing()
         return not missing, missing + notes
 

@@ -305,6 +305,8 @@ class WebhookServer:
     def _update_certificate_metrics(self) -> None:
         if self.tls is not None:
             self.metrics.cert_expiry.set(_timestamp(self.tls.not_after))
+            if self.context is not None:
+                self.context.certificate_not_after = self.tls.not_after
 
     def _update_cache_metrics(self) -> None:
         assert self.context is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import io
 import json
 import ssl
@@ -210,3 +211,36 @@ def test_certs_rotate(tmp_path: Path) -> None:
     after = directory.serving().certificate
     after.verify_directly_issued_by(bundle[0])
     assert names_of(after) == names_of(before)
+
+
+async def test_the_server_renews_its_own_certificate_before_expiry(
+    make_webhook: Callable[..., Any], workdir: Workdir
+) -> None:
+    directory = workdir.certs
+    # A 30-day certificate issued 25 days ago: in its renewal window (the last third).
+    issued = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=25)
+    renew_serving(directory, lifetime=datetime.timedelta(days=30), now=issued)
+    old = directory.serving().certificate
+    hook: Webhook = await make_webhook(renew_interval=0.0)
+    renewed = directory.serving().certificate  # renewed at start-up already
+    assert renewed.serial_number != old.serial_number
+    assert renewed.not_valid_after_utc > old.not_valid_after_utc
+    conn = await RawConnection.open(hook.server.port, hook.ssl)
+    assert conn.peer_serial() == renewed.serial_number
+    await conn.close()
+    hook.server.tick()  # nothing is due any more
+    assert directory.serving().certificate.serial_number == renewed.serial_number
+
+
+async def test_readyz_reports_an_expired_certificate(
+    make_webhook: Callable[..., Any], workdir: Workdir
+) -> None:
+    directory = workdir.certs
+    hook: Webhook = await make_webhook(
+        cert_dir=None, tls_cert=directory.tls_cert, tls_key=directory.tls_key
+    )
+    long_ago = datetime.datetime.now(datetime.UTC) - datetime.timedelta(days=400)
+    renew_serving(directory, lifetime=datetime.timedelta(days=30), now=long_ago)
+    hook.server.tick()
+    status, text = await hook.get("/readyz", metrics_port=True)
+    assert status == 503 and "expired" in text
