@@ -16,11 +16,12 @@ NO_POLICY_REASON = "gpuwarden-no-policy"
 
 
 def no_policy_message(error: str | None) -> str:
-    why = f": {error}" if error else ""
-    first = why.splitlines()[0] if why else ""
+    """What a user whose GPU pod is refused for lack of a policy is told (the first problem)."""
+    first = error.splitlines()[0] if error else "no policy loaded yet"
     return (
         "gpuwarden has no valid GPU policy loaded, so pods that request GPUs are refused until "
-        f"one is served (fix the policy files or the ConfigMap and the webhook reloads it){first}"
+        "one is served (fix the policy files or the ConfigMap and the webhook reloads it): "
+        f"{first}"
     )
 
 
