@@ -21,7 +21,7 @@ def _newest_supported(ceiling: tuple[int, int] = (1, 37)) -> str:
         major, minor_, *_ = version.split(".")
         return int(major), int(minor_)
 
-    return max((v for v in kv_utils.all_versions() if minor(v) <= ceiling), key=minor)
+    return str(max((v for v in kv_utils.all_versions() if minor(v) <= ceiling), key=minor))
 
 
 K8S_VERSION = _newest_supported()
@@ -87,7 +87,7 @@ def test_applying_twice_equals_applying_once(
 
 def test_the_checks_can_fail() -> None:
     """The validator and the extended-resource rule do reject a broken pod."""
-    pod = {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "x"},

@@ -439,8 +439,13 @@ def test_tenant_override_applies_only_to_that_tenant(default_policies: PolicySet
     a = default_policies.resolve("kfp-training", by_name["tenant-a"])
     b = default_policies.resolve("kfp-training", by_name["tenant-b"])
     plain = default_policies.resolve("kfp-training", by_name["kubeflow-profiles"])
-    assert (a.gpus, a.host_memory, a.gpu_share, a.max_memory) == (8, "64Gi", False, 80 * GI)
-    assert (b.gpus, b.host_memory, b.gpu_share, b.max_memory) == (2, "16Gi", True, 40 * GI)
+    assert (a.gpus, a.host_memory, a.gpu_share, a.max_memory) == (
+        8,
+        "64Gi",
+        False,
+        Decimal(80 * GI),
+    )
+    assert (b.gpus, b.host_memory, b.gpu_share, b.max_memory) == (2, "16Gi", True, Decimal(40 * GI))
     assert (plain.gpus, plain.host_memory, plain.gpu_share) == (4, "32Gi", False)
     assert a.overridden == ("gpus", "host_memory")
     assert plain.overridden == ()

@@ -169,6 +169,10 @@ def containers(draw: st.DrawFn) -> dict[str, Any]:
     return body
 
 
+def _name(body: dict[str, Any]) -> Any:
+    return body["name"]
+
+
 @st.composite
 def pods(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
     namespace = draw(st.sampled_from(NAMESPACES))
@@ -185,17 +189,17 @@ def pods(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
         ),
         "namespace": namespace,
     }
-    if labels or draw(st.booleans()):
+    flags: list[bool] = draw(st.lists(st.booleans(), min_size=3, max_size=3))
+    if labels or flags[0]:
         meta["labels"] = labels
-    if annotations or draw(st.booleans()):
-        meta["annotations"] = annotations if annotations or draw(st.booleans()) else None
+    if annotations or flags[1]:
+        meta["annotations"] = annotations if annotations or flags[2] else None
     # Container names are unique within a pod (the API server refuses duplicates).
-    unique = {"unique_by": lambda c: c["name"]}
     spec: dict[str, Any] = {
-        "containers": draw(st.lists(containers(), min_size=1, max_size=4, **unique))
+        "containers": draw(st.lists(containers(), min_size=1, max_size=4, unique_by=_name))
     }
     if draw(st.booleans()):
-        spec["initContainers"] = draw(st.lists(containers(), max_size=2, **unique))
+        spec["initContainers"] = draw(st.lists(containers(), max_size=2, unique_by=_name))
     scheduler = draw(st.sampled_from(SCHEDULERS))
     if scheduler is not None:
         spec["schedulerName"] = scheduler

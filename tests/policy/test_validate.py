@@ -389,9 +389,12 @@ def test_unprivileged_security_context_is_allowed(policies: PolicySet) -> None:
 
 @pytest.mark.parametrize("field", ["hostIPC", "hostPID"])
 def test_host_namespaces(policies: PolicySet, field: str) -> None:
-    decision = denial(pod_with(**{field: True}), policies)
+    pod = pod_with()
+    pod["spec"][field] = True
+    decision = denial(pod, policies)
     assert f"spec.{field}: sharing the node's {field[4:]} namespace" in decision.message
-    assert admitted(pod_with(**{field: False}), policies) == (True, "")
+    pod["spec"][field] = False
+    assert admitted(pod, policies) == (True, "")
 
 
 def test_every_violation_is_listed(policies: PolicySet) -> None:
@@ -619,14 +622,6 @@ def test_fractional_gpu_counts_are_denied_where_the_mutator_does_not_replace_the
 
 
 # --- per-tenant enforcement switches -------------------------------------------------------
-
-
-def _env(pod: dict[str, Any]) -> None:
-    main(pod)["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
-
-
-def _privileged(pod: dict[str, Any]) -> None:
-    main(pod)["securityContext"] = {"privileged": True}
 
 
 def _notebook(pod: dict[str, Any]) -> dict[str, Any]:
