@@ -34,6 +34,7 @@ class BackendPlan:
     env: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    shared: bool = True  # whether the pod really shares its GPUs on this backend
 
 
 def _mps_env(profile: ResolvedProfile) -> dict[str, str]:
@@ -63,7 +64,11 @@ def _volcano(backend: VolcanoBackend, profile: ResolvedProfile, queue: str | Non
         annotations[VOLCANO_PREEMPTABLE_ANNOTATION] = "true"
     if not profile.gpu_share:
         return BackendPlan(
-            backend.scheduler_name, {"nvidia.com/gpu": str(profile.gpus)}, {}, annotations
+            backend.scheduler_name,
+            {"nvidia.com/gpu": str(profile.gpus)},
+            {},
+            annotations,
+            shared=False,
         )
     resources = {"volcano.sh/vgpu-number": str(profile.gpus)}
     reserved = _reserved_mib(profile)
@@ -81,7 +86,7 @@ def _hami(backend: HamiBackend, profile: ResolvedProfile) -> BackendPlan:
             "nvidia.com/gpumem-percentage": "100",
             "nvidia.com/gpucores": "100",
         }
-        return BackendPlan(backend.scheduler_name, resources)
+        return BackendPlan(backend.scheduler_name, resources, shared=False)
     resources = {"nvidia.com/gpu": str(profile.gpus)}
     reserved = _reserved_mib(profile)
     if reserved is not None:
@@ -93,7 +98,7 @@ def _hami(backend: HamiBackend, profile: ResolvedProfile) -> BackendPlan:
 
 def _nvidia(backend: NvidiaBackend, profile: ResolvedProfile) -> BackendPlan:
     if not profile.gpu_share:
-        return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)})
+        return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, shared=False)
     return BackendPlan(
         None, {backend.shared_resource_name: str(profile.gpus)}, env=_mps_env(profile)
     )
@@ -104,7 +109,7 @@ def _native(backend: NativeBackend, profile: ResolvedProfile) -> BackendPlan:
     notes: tuple[str, ...] = ()
     if profile.gpu_share:
         notes = ("the native backend cannot share GPUs, so the pod gets whole GPUs",)
-    return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, notes=notes)
+    return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, notes=notes, shared=False)
 
 
 def plan_for(

@@ -83,12 +83,13 @@ def match(rule: Matcher, facts: PodFacts) -> MatchResult:
     if isinstance(rule, KfpSystemMatch):
         return _kind_is(facts, "kfp-system") or MatchResult(True, "KFP driver or importer pod")
     if isinstance(rule, TrainingJobMatch):
+        # The operator writes replica types in lower case (Worker -> worker).
         return _names(
             facts,
             "training-job",
-            rule.replica_types,
+            tuple(t.lower() for t in rule.replica_types),
             "replica type",
-            workload.detail if workload else None,
+            workload.detail.lower() if workload and workload.detail else None,
         )
     if isinstance(rule, TrainJobMatch):
         return _names(

@@ -369,6 +369,11 @@ class WorkloadRule(StrictModel):
         default=(),
         description="Containers that get the GPU; default: the workload's main container",
     )
+    require_gpu_request: bool = Field(
+        default=False,
+        description="Match only pods that already ask for a GPU (a CPU-only notebook keeps "
+        "no GPU); false gives the profile to every matching pod, as pipeline steps by name",
+    )
 
     @model_validator(mode="after")
     def _profile_or_skip(self) -> WorkloadRule:

@@ -61,7 +61,7 @@ def desired_annotations(placement: Placement, plan: BackendPlan | None) -> dict[
     out |= {
         keys.ANNOTATION_BACKEND: profile.backend.type,
         keys.ANNOTATION_GPU_COUNT: str(profile.gpus),
-        keys.ANNOTATION_GPU_SHARED: "true" if profile.gpu_share else "false",
+        keys.ANNOTATION_GPU_SHARED: "true" if plan.shared else "false",
         keys.ANNOTATION_PREEMPTIBLE: "true" if profile.preemptible else "false",
     }
     if profile.max_memory is not None:
@@ -103,19 +103,39 @@ def _set_resources(
         patch.merge([*base, section], values)
 
 
-def _set_env(patch: PatchBuilder, ref: ContainerRef, env: Mapping[str, str]) -> None:
+# The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.
+_OWNED_ENV = (keys.ENV_MPS_THREAD_PERCENTAGE, keys.ENV_MPS_PINNED_MEM_LIMIT)
+
+
+def _set_env(
+    patch: PatchBuilder, ref: ContainerRef, env: Mapping[str, str], notes: list[str]
+) -> None:
     path = [*ref.path, "env"]
+    current = patch.get(path)
+    if isinstance(current, list):
+        # An owned variable the current plan does not set (a reinvocation moved the pod to
+        # another backend, or the user set it) goes, last index first so the others stay valid.
+        stale = [
+            i
+            for i, e in enumerate(current)
+            if isinstance(e, Mapping) and e.get("name") in _OWNED_ENV and e.get("name") not in env
+        ]
+        for stale_index in reversed(stale):
+            notes.append(
+                f"removed {current[stale_index]['name']} from {ref.name} (gpuwarden sets it)"
+            )
+            patch.remove([*path, stale_index])
     for name, value in env.items():
         current = patch.get(path)
         entries = current if isinstance(current, list) else []
-        index = next(
+        found = next(
             (i for i, e in enumerate(entries) if isinstance(e, Mapping) and e.get("name") == name),
             None,
         )
-        if index is None:
+        if found is None:
             patch.append(path, {"name": name, "value": value})
         else:
-            patch.set_list_item(path, index, {"name": name, "value": value})
+            patch.set_list_item(path, found, {"name": name, "value": value})
 
 
 def _set_scheduler(
@@ -167,7 +187,7 @@ def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
     target = ",".join(placement.containers)
     if plan is None:
         lines.append(f"gpuwarden: {target}: no GPU for this profile")
-    elif profile.gpu_share:
+    elif plan.shared:
         cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
         reserved = profile.reserved_memory
         extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
@@ -204,8 +224,7 @@ def apply_placement(
         if ref.name not in targets:
             continue
         _set_resources(patch, ref, backend_plan.resources if backend_plan else {}, profile)
-        if backend_plan is not None:
-            _set_env(patch, ref, backend_plan.env)
+        _set_env(patch, ref, backend_plan.env if backend_plan is not None else {}, notes)
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes

@@ -140,13 +140,16 @@ def place(
         return placed("label", None, profile_name, (problem,) if problem else ())
 
     trace: list[tuple[str, MatchResult]] = []
+    asks_for_gpu = requests_gpu(pod)
     for rule, _policy in policies.rules:
         result = match(rule.match, facts)
+        if result.matched and rule.require_gpu_request and not asks_for_gpu:
+            result = MatchResult(False, f"{result.reason}, but it asks for no GPU")
         trace.append((rule.name, result))
         if result.matched:
             if rule.skip:
                 return placed("skip", rule, None, trace=tuple(trace))
             return placed("rule", rule, rule.profile, trace=tuple(trace))
-    if policies.default_profile and requests_gpu(pod):
+    if policies.default_profile and asks_for_gpu:
         return placed("default", None, policies.default_profile, trace=tuple(trace))
     return placed("none", None, None, trace=tuple(trace))

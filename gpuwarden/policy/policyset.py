@@ -6,6 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
 
+from pydantic.alias_generators import to_camel
+
 from gpuwarden.policy.model import (
     Backend,
     GPUPolicy,
@@ -142,5 +144,5 @@ class PolicySet:
             priority_class_name=profile.derived_priority_class,
             node_selector=dict(merged.node_selector or {}),
             tolerations=tuple(merged.tolerations or ()),
-            overridden=tuple(sorted(changed)),
+            overridden=tuple(sorted(to_camel(name) for name in changed)),
         )

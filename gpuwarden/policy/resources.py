@@ -29,8 +29,13 @@ GPU_COUNT_RESOURCES: frozenset[str] = frozenset(
 )
 
 
+# Prefixes of device-plugin resources that hand out (parts of) NVIDIA GPUs, renamed ones included
+# (nvidia.com/gpu.shared, a sharing config's custom nvidia.com/gpu-<name>, MIG profiles).
+_GPU_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "volcano.sh/vgpu-", "volcano.sh/gpu-")
+
+
 def is_gpu_resource(name: str) -> bool:
-    return name in GPU_RESOURCES or name.startswith("nvidia.com/mig-")
+    return name in GPU_RESOURCES or name.startswith(_GPU_PREFIXES)
 
 
 @dataclass(frozen=True)

@@ -447,5 +447,5 @@ def test_tenant_override_applies_only_to_that_tenant(default_policies: PolicySet
     )
     assert (b.gpus, b.host_memory, b.gpu_share, b.max_memory) == (2, "16Gi", True, Decimal(40 * GI))
     assert (plain.gpus, plain.host_memory, plain.gpu_share) == (4, "32Gi", False)
-    assert a.overridden == ("gpus", "host_memory")
+    assert a.overridden == ("gpus", "hostMemory")
     assert plain.overridden == ()

@@ -477,11 +477,6 @@ def test_stale_decision_annotations_are_removed(
     assert out["metadata"]["annotations"]["example.com/keep"] == "yes"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a reinvocation that moves a pod from the nvidia (MPS) backend to another keeps "
-    "the CUDA_MPS_* env the first decision wrote, and the validator then denies it",
-)
 def test_reinvocation_across_backends_leaves_no_mps_env() -> None:
     policies = policies_from(
         """

@@ -149,6 +149,7 @@ def test_gpu_pod_without_profile_in_a_tenant(policies: PolicySet) -> None:
 
 # --- isolation escapes: environment --------------------------------------------------------
 
+OWNED_BY_GPUWARDEN = ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
 FORBIDDEN = [
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
@@ -169,6 +170,14 @@ def test_forbidden_env_in_any_container(policies: PolicySet, name: str, field: s
         main(pod)["env"] = [entry]
     else:
         pod["spec"][field] = [{"name": "helper", "image": "busybox", "env": [entry]}]
+    if field == "containers" and name in OWNED_BY_GPUWARDEN:
+        # On the governed container these are gpuwarden's own: the mutator removes them.
+        result = admit(create(pod), policies, ClusterView())
+        assert result.allowed, result.validation.message
+        env = result.pod["spec"]["containers"][0].get("env", [])
+        assert all(e["name"] != name for e in env)
+        assert any(f"removed {name} from main" in w for w in result.warnings)
+        return
     decision = denial(pod, policies)
     where = "main" if field == "containers" else "helper"
     assert f"spec.{field}[{where}].env[{name}]: setting {name} can escape GPU isolation" in (
