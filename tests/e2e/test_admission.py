@@ -273,7 +273,7 @@ def test_tenant_overrides_apply_in_tenant_a(gpuwarden: WebhookStack) -> None:
     assert pod_annotations(created.pod)["scheduling.volcano.sh/queue-name"] == "tenant-a"
     assert pod_annotations(created.pod)["gpuwarden.io/tenant"] == "tenant-a"
     assert created.pod["spec"]["priority"] == 200
-    assert any("tenant override of gpus, host_memory" in w for w in created.warnings)
+    assert any("tenant override of gpus, hostMemory" in w for w in created.warnings)
     assert not pod_exists(gpuwarden.api, ns, pod["metadata"]["name"])
 
 

@@ -1,6 +1,6 @@
 """Fixtures of the node-agent tests: a fake /proc, the fake MPS control tool, pods.
 
-The e2e fixtures (a real etcd + kube-apiserver) are shared from tests/e2e/conftest.py.
+The e2e fixtures (a real etcd + kube-apiserver) come from tests/conftest.py.
 """
 
 from __future__ import annotations
@@ -11,9 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-# Every fixture of the e2e suite (control_plane, api_client, namespace, ...), kept in step with it.
-from e2e.conftest import *  # noqa: F403
 
 from gpuwarden.node.mps import ProcessMpsControl
 

@@ -51,10 +51,3 @@ async def make_webhook(workdir: Workdir) -> AsyncIterator[Callable[..., Any]]:
 async def webhook(make_webhook: Callable[..., Any]) -> Webhook:
     hook: Webhook = await make_webhook()
     return hook
-
-
-# Every fixture of the e2e suite (control_plane, api_client, namespace, ...), for the
-# watch-backed cache tests, which are marked e2e. A star import keeps up with its additions.
-from e2e.conftest import *  # noqa: E402, F403
-
-globals().pop("pytest_collection_modifyitems", None)  # that hook belongs to tests/e2e alone
