@@ -90,7 +90,7 @@ def _set_resources(
     base = [*ref.path, "resources"]
     for section in ("limits", "requests"):
         current = patch.get([*base, section])
-        if isinstance(current, Mapping):
+        if isinstance(current, dict):
             for name in sorted(current):
                 if is_gpu_resource(str(name)) and name not in wanted:
                     patch.remove([*base, section, name])
@@ -118,7 +118,7 @@ def _set_env(
         stale = [
             i
             for i, e in enumerate(current)
-            if isinstance(e, Mapping) and e.get("name") in _OWNED_ENV and e.get("name") not in env
+            if isinstance(e, dict) and e.get("name") in _OWNED_ENV and e.get("name") not in env
         ]
         for stale_index in reversed(stale):
             notes.append(
@@ -129,7 +129,7 @@ def _set_env(
         current = patch.get(path)
         entries = current if isinstance(current, list) else []
         found = next(
-            (i for i, e in enumerate(entries) if isinstance(e, Mapping) and e.get("name") == name),
+            (i for i, e in enumerate(entries) if isinstance(e, dict) and e.get("name") == name),
             None,
         )
         if found is None:

@@ -1,4 +1,8 @@
-"""Read-only views of a pod's GPU-related resources, as plain data."""
+"""Read-only views of a pod's GPU-related resources, as plain data.
+
+Pods are JSON data as an AdmissionReview carries them (dicts and lists); anything else where an
+object belongs reads as absent, which the validator then reports as it finds it.
+"""
 
 from __future__ import annotations
 
@@ -57,10 +61,10 @@ class ContainerRef:
 
     def resources(self, kind: str) -> Mapping[str, Any]:
         resources = self.body.get("resources")
-        if not isinstance(resources, Mapping):
+        if not isinstance(resources, dict):
             return {}
         section = resources.get(kind)
-        return section if isinstance(section, Mapping) else {}
+        return section if isinstance(section, dict) else {}
 
     def gpu_resources(self) -> dict[str, Any]:
         """GPU resources from limits, then requests (limits win, as Kubernetes defaults them)."""
@@ -70,7 +74,7 @@ class ContainerRef:
 
     def env(self) -> list[Mapping[str, Any]]:
         env = self.body.get("env")
-        return [e for e in env if isinstance(e, Mapping)] if isinstance(env, list) else []
+        return [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
 
 
 CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
@@ -78,16 +82,16 @@ CONTAINER_FIELDS = ("initContainers", "containers", "ephemeralContainers")
 
 def spec_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     spec = pod.get("spec")
-    return spec if isinstance(spec, Mapping) else {}
+    return spec if isinstance(spec, dict) else {}
 
 
 def metadata_of(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = pod.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def string_map(value: Any) -> dict[str, str]:
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         return {}
     return {str(k): v for k, v in value.items() if isinstance(v, str)}
 
@@ -107,7 +111,7 @@ def containers(pod: Mapping[str, Any], *fields: str) -> Iterator[ContainerRef]:
         if not isinstance(items, list):
             continue
         for index, body in enumerate(items):
-            if isinstance(body, Mapping):
+            if isinstance(body, dict):
                 yield ContainerRef(field, index, body)
 
 

@@ -136,12 +136,12 @@ def _env_from_violations(
     if not isinstance(sources, list):
         return
     for source in sources:
-        if not isinstance(source, Mapping):
+        if not isinstance(source, dict):
             continue
         prefix = str(source.get("prefix") or "")
         for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
             target = source.get(field)
-            if not isinstance(target, Mapping) or not target.get("name"):
+            if not isinstance(target, dict) or not target.get("name"):
                 continue
             known = cluster.env_source_keys.get((kind, namespace, str(target["name"])))
             if known is None:
@@ -173,7 +173,7 @@ def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> 
         return
     protected = _protected_paths(mps_dirs)
     for volume in volumes:
-        if not isinstance(volume, Mapping) or not isinstance(volume.get("hostPath"), Mapping):
+        if not isinstance(volume, dict) or not isinstance(volume.get("hostPath"), Mapping):
             continue
         raw = str(volume["hostPath"].get("path", ""))
         path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
@@ -199,7 +199,7 @@ def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> 
 def _privilege_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
     for ref in containers(pod):
         context = ref.body.get("securityContext")
-        if isinstance(context, Mapping) and context.get("privileged") is True:
+        if isinstance(context, dict) and context.get("privileged") is True:
             yield Violation(
                 "privileged",
                 "GPUIsolationEscape",
