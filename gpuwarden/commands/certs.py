@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import re
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gpuwarden.certs.authority import service_dns_names
+from gpuwarden.certs.material import KEYS, Material, plan_material, serving_names
 from gpuwarden.certs.rotation import (
     CertDirectory,
     CertificateError,
@@ -18,10 +21,11 @@ from gpuwarden.certs.rotation import (
     renew_serving,
     rotate_ca,
 )
+from gpuwarden.kube.certsync import SyncError, publish_ca_bundle, sync_secret
 from gpuwarden.kube.client import KubeConfigError, api_client
-from gpuwarden.kube.webhooks import InjectError, inject_ca_bundle
+from gpuwarden.kube.webhooks import Injected, InjectError, inject_ca_bundle
 
-HELP = "Issue, rotate and publish (caBundle) the webhook's TLS certificates."
+HELP = "Issue, rotate, sync (a shared Secret) and publish (caBundle) the webhook's certificates."
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -34,6 +38,29 @@ def _days(text: str) -> datetime.timedelta:
     if days <= 0:
         raise argparse.ArgumentTypeError("must be a positive number of days")
     return datetime.timedelta(days=days)
+
+
+_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_LABEL_RE = re.compile(_LABEL)
+_SUBDOMAIN_RE = re.compile(rf"{_LABEL}(\.{_LABEL})*")
+
+
+def _label(text: str) -> str:
+    """A DNS-1123 label: what Namespace and Service names must be."""
+    if len(text) > 63 or not _LABEL_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid name (lower-case letters, digits and '-', at most 63)"
+        )
+    return text
+
+
+def _subdomain(text: str) -> str:
+    """A DNS-1123 subdomain: what Secret and webhook configuration names must be."""
+    if len(text) > 253 or not _SUBDOMAIN_RE.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a valid name (lower-case letters, digits, '-' and '.')"
+        )
+    return text
 
 
 def register(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +105,35 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     rotate.add_argument("--kubeconfig", type=Path)
 
+    sync = sub.add_parser(
+        "sync",
+        help="keep a shared Secret holding the CA and serving certificate, publish the CA as "
+        "caBundle, and copy the four files into a directory (the chart's init container)",
+    )
+    sync.add_argument(
+        "--secret", type=_subdomain, required=True, help="the Secret (it must exist; may be empty)"
+    )
+    sync.add_argument(
+        "--namespace", type=_label, required=True, help="namespace of the Secret and Service"
+    )
+    sync.add_argument("--service", type=_label, required=True, help="the webhook's Service name")
+    sync.add_argument(
+        "--webhook-config",
+        type=_subdomain,
+        required=True,
+        help="name of both webhook configurations to publish the CA in",
+    )
+    sync.add_argument(
+        "--out", type=Path, required=True, help="directory for ca.crt, ca.key, tls.crt, tls.key"
+    )
+    sync.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
+    sync.add_argument(
+        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+    )
+    sync.add_argument(
+        "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, ~/.kube/config)"
+    )
+
 
 def _err(message: str) -> None:
     print(f"gpuwarden certs: {message}", file=sys.stderr)
@@ -119,6 +175,11 @@ def _inject(ca: Path, name: str, kubeconfig: Path | None) -> int:
         return EXIT_FAILED
     finally:
         api.close()  # type: ignore[no-untyped-call]
+    _report_injected(done, name)
+    return EXIT_OK
+
+
+def _report_injected(done: Sequence[Injected], name: str) -> None:
     for item in done:
         state = "updated" if item.changed else "already up to date"
         print(f"{item.kind} {item.name}: caBundle {state} on {item.webhooks} webhook(s)")
@@ -126,7 +187,6 @@ def _inject(ca: Path, name: str, kubeconfig: Path | None) -> int:
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         if kind not in kinds:
             print(f"warning: no {kind} named {name}", file=sys.stderr)
-    return EXIT_OK
 
 
 def _rotate(args: argparse.Namespace) -> int:
@@ -166,9 +226,58 @@ def _rotate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _sync(args: argparse.Namespace) -> int:
+    """Secret first (issue or renew, shared by the replicas), then caBundle, then the files.
+
+    The files come last: a pod whose caBundle could not be published must not start serving.
+    """
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        _err(f"--out {out}: not a directory")
+        return EXIT_USAGE
+    names = serving_names(args.service, args.namespace, args.san)
+
+    def plan(data: Mapping[str, bytes]) -> tuple[Mapping[str, bytes], tuple[str, ...]]:
+        planned = plan_material(data, names, serving_lifetime=args.days)
+        return planned.material.as_data(), planned.changes
+
+    try:
+        api = api_client(args.kubeconfig)
+    except KubeConfigError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    what = f"secret {args.namespace}/{args.secret}"
+    try:
+        synced = sync_secret(api, args.namespace, args.secret, plan)
+        material = Material(*(synced.data[key] for key in KEYS))
+        done = publish_ca_bundle(api, args.webhook_config, material.ca_cert)
+    except SyncError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    for change in synced.changes:
+        print(f"{what}: {change}")
+    if synced.conflicts:
+        print(f"{what}: another writer updated it first ({synced.conflicts} time(s)); re-read it")
+    if not synced.changes:
+        until = material.serving.not_after
+        print(f"{what}: kept as it is (serving certificate valid until {until:%Y-%m-%d %H:%M} UTC)")
+    _report_injected(done, args.webhook_config)
+    try:
+        material.write(out)
+    except OSError as exc:
+        _err(f"--out {out}: cannot write: {exc.strerror or exc}")
+        return EXIT_FAILED
+    print(f"wrote {', '.join(KEYS)} to {out}")
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     if args.certs_command == "issue":
         return _issue(args)
     if args.certs_command == "inject":
         return _inject(args.ca, args.webhook_config, args.kubeconfig)
+    if args.certs_command == "sync":
+        return _sync(args)
     return _rotate(args)

@@ -590,12 +590,7 @@ def _containers(renderings: dict[str, Rendering]) -> dict[str, list[str]]:
         "defaults:Deployment:webhook",
         "self-managed-tls.yaml:Deployment:webhook",
         "defaults:DaemonSet:node-agent",
-        pytest.param(
-            "self-managed-tls.yaml:Deployment:certs",
-            marks=pytest.mark.xfail(
-                reason="`gpuwarden certs sync` is requested, not yet implemented", strict=True
-            ),
-        ),
+        "self-managed-tls.yaml:Deployment:certs",
     ],
 )
 def test_container_args_parse_with_the_real_cli(
