@@ -12,10 +12,17 @@ has delivered. A pod admitted a moment ago may not be in it yet (the watch lags 
 the API server's fan-out delay, typically milliseconds), so two pods created at the same time
 can both pass a quota check that only one of them should. The overshoot is bounded by what
 the tenant can create within that lag; ``tests/webhook/test_kube_cache.py`` measures it.
+
+A namespace the watch has not delivered yet (created a moment ago, or the cache not synced) is
+not taken for a namespace without labels: :meth:`WatchedCluster.resolve_namespace` reads it
+from the API server and adds it to the cache, and the webhook refuses GPU pods when even that
+fails (``tests/webhook/test_namespace_lookup.py``).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -25,12 +32,15 @@ from typing import Any, Protocol
 
 import yaml
 from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
 from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory
 from gpuwarden.policy.keys import ANNOTATION_TENANT
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
+
+log = logging.getLogger("gpuwarden.kube")
 
 
 class ClusterSource(Protocol):
@@ -45,6 +55,14 @@ class ClusterSource(Protocol):
         ...
 
     def stats(self) -> Mapping[str, InformerStats]: ...
+
+    def needs_lookup(self, namespace: str) -> bool:
+        """True when the view lacks ``namespace`` and resolve_namespace could add it (cheap)."""
+        ...
+
+    def resolve_namespace(self, namespace: str, timeout: float) -> str | None:
+        """Read ``namespace`` live into the view (blocking); None when done, else why not."""
+        ...
 
     def start(self) -> None: ...
 
@@ -132,6 +150,7 @@ class WatchedCluster:
     ) -> None:
         core = k8s_client.CoreV1Api(api)
         scheduling = k8s_client.SchedulingV1Api(api)
+        self._core = core
         self._lock = threading.Lock()
         self.namespaces: MappingSink[Mapping[str, str]] = MappingSink(self._rebuild)
         self.priority_classes: MappingSink[PriorityClassInfo] = MappingSink(self._rebuild)
@@ -186,6 +205,39 @@ class WatchedCluster:
 
     def stats(self) -> Mapping[str, InformerStats]:
         return {name: inf.stats for name, inf in self.informers.items()}
+
+    def needs_lookup(self, namespace: str) -> bool:
+        return bool(namespace) and namespace not in self._view.namespace_labels
+
+    def resolve_namespace(self, namespace: str, timeout: float) -> str | None:
+        """GET the namespace (a quorum read: it sees one created a moment ago) into the cache.
+
+        Returns None once the view has it, or a one-line reason it could not be read.
+        """
+        if not self.needs_lookup(namespace):
+            return None
+        try:
+            # Raw, as the informer reads it, so both go through namespace_labels().
+            response: Any = self._core.read_namespace(
+                namespace, _preload_content=False, _request_timeout=timeout
+            )
+            try:
+                obj = json.loads(response.data)
+            finally:
+                response.release_conn()
+        except ApiException as exc:
+            problem = f"reading namespace {namespace} failed: {exc.status} {exc.reason}"
+        except Exception as exc:  # network errors, timeouts, a body that is not JSON
+            problem = f"reading namespace {namespace} failed: {type(exc).__name__}: {exc}"
+        else:
+            labels = namespace_labels(obj) if isinstance(obj, Mapping) else None
+            if labels is not None:
+                if self.namespaces.add_missing(namespace, labels):
+                    log.info("namespace %s read live: the watch had not delivered it", namespace)
+                return None
+            problem = f"reading namespace {namespace} failed: the answer is not a Namespace"
+        log.warning("%s", problem)
+        return " ".join(problem.split())
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -267,6 +319,13 @@ class StaticCluster:
 
     def stats(self) -> Mapping[str, InformerStats]:
         return {}
+
+    def needs_lookup(self, namespace: str) -> bool:
+        # The file is the whole truth: a namespace not in it has no labels.
+        return False
+
+    def resolve_namespace(self, namespace: str, timeout: float) -> str | None:
+        return None
 
     def start(self) -> None:
         return None

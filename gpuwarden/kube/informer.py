@@ -208,10 +208,10 @@ class Informer(Generic[T]):
                 # A half-open connection must not hang the loop past the server's timeout.
                 _request_timeout=self._watch_timeout + 30,
             ):
+                if self._stop.is_set():
+                    return  # stopped while waiting for this event: the store stays as it was
                 version = self._apply(event) or version
                 self.stats.resource_version = version
-                if self._stop.is_set():
-                    return
             self._watch = None
             self.stats.watch_restarts += 1
             self.stats.last_contact = self._clock()
@@ -239,12 +239,17 @@ class Informer(Generic[T]):
 
 
 class MappingSink(Generic[T]):
-    """Keeps ``key -> item`` and publishes a fresh read-only copy after every change."""
+    """Keeps ``key -> item`` and publishes a fresh read-only copy after every change.
+
+    The informer's thread writes it, and so may :meth:`add_missing` from another thread (a live
+    read of an object the watch has not delivered yet); a lock keeps each change whole.
+    """
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._items: dict[str, T] = {}
         self.snapshot: Mapping[str, T] = {}
         self._on_change = on_change
+        self._lock = threading.Lock()
 
     def _publish(self) -> None:
         self.snapshot = dict(self._items)
@@ -252,15 +257,31 @@ class MappingSink(Generic[T]):
             self._on_change()
 
     def replace(self, items: Mapping[str, T]) -> None:
-        self._items = dict(items)
-        self._publish()
+        with self._lock:
+            self._items = dict(items)
+            self._publish()
 
     def upsert(self, key: str, item: T) -> None:
-        if self._items.get(key) == item:
-            return
-        self._items[key] = item
-        self._publish()
+        with self._lock:
+            if self._items.get(key) == item:
+                return
+            self._items[key] = item
+            self._publish()
 
     def delete(self, key: str) -> None:
-        if self._items.pop(key, None) is not None:
+        with self._lock:
+            if self._items.pop(key, None) is not None:
+                self._publish()
+
+    def add_missing(self, key: str, item: T) -> bool:
+        """Add ``item`` unless ``key`` is there already; True if it was added.
+
+        For what was read outside the watch: whatever the watch delivered meanwhile is at least
+        as new, so it wins.
+        """
+        with self._lock:
+            if key in self._items:
+                return False
+            self._items[key] = item
             self._publish()
+            return True

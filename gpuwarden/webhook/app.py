@@ -36,6 +36,9 @@ class Settings:
     # Answer before the API server gives up (the webhook's timeoutSeconds, 10 s by default).
     deadline: float = 8.0
     max_body: int = DEFAULT_MAX_BODY
+    # Longest wait for a live read of a namespace the watch cache has not seen (at most half
+    # of what is left of the deadline).
+    namespace_lookup_timeout: float = 2.0
 
 
 @dataclass
@@ -57,6 +60,8 @@ class WebhookContext:
     draining: bool = False
     in_flight: int = 0
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # Live namespace reads under way, shared by the requests waiting for the same namespace.
+    namespace_lookups: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
     # Test seam: replaces the policy core call (to provoke internal errors).
     evaluate: Callable[[Endpoint, Review], Decision] | None = None
 
@@ -107,7 +112,7 @@ class AdmissionHandler:
         self.endpoint = endpoint
         self.pid = os.getpid()
 
-    def _evaluate(self, review: Review) -> Decision:
+    def _evaluate(self, review: Review, namespace_error: str | None = None) -> Decision:
         if self.ctx.evaluate is not None:
             return self.ctx.evaluate(self.endpoint, review)
         state = self.ctx.reloader.state
@@ -117,7 +122,42 @@ class AdmissionHandler:
             state.policies,
             self.ctx.cluster.view(),
             policy_error=state.error,
+            namespace_error=namespace_error,
         )
+
+    async def _resolve_namespace(self, review: Review, started: float) -> str | None:
+        """Make sure the cluster view knows the request's namespace; None, or why it cannot.
+
+        A namespace missing from the watch cache (created a moment ago, or the cache not
+        synced) is read live once, off the event loop, by a request that needs it; requests
+        for the same namespace meanwhile wait for that read.
+        """
+        ctx = self.ctx
+        if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
+            return None
+        namespace = review.namespace
+        if not ctx.cluster.needs_lookup(namespace):
+            return None
+        left = ctx.settings.deadline - (time.perf_counter() - started)
+        timeout = max(min(ctx.settings.namespace_lookup_timeout, left / 2), 0.05)
+        pending = ctx.namespace_lookups.get(namespace)
+        if pending is None:
+            loop = asyncio.get_running_loop()
+            # The loop's default executor: a slow API server must not hold up evaluations.
+            pending = loop.run_in_executor(None, ctx.cluster.resolve_namespace, namespace, timeout)
+            ctx.namespace_lookups[namespace] = pending
+            pending.add_done_callback(lambda _: ctx.namespace_lookups.pop(namespace, None))
+        try:
+            error = await asyncio.wait_for(asyncio.shield(pending), timeout + 0.5)
+        except TimeoutError:
+            error = f"reading namespace {namespace} got no answer within {timeout:g}s"
+        ctx.metrics.namespace_lookups.labels("failed" if error else "found").inc()
+        if error:
+            log.warning(
+                "namespace unknown: GPU pods there are refused",
+                extra={"fields": {"uid": review.uid, "namespace": namespace, "error": error}},
+            )
+        return error
 
     def _refuse(self, status: int, message: str) -> web.Response:
         self.ctx.metrics.bad_requests.labels(self.endpoint, str(status)).inc()
@@ -163,15 +203,19 @@ class AdmissionHandler:
             review = decode(body)
         except ReviewError as exc:
             return self._refuse(400, str(exc))
+        namespace_error = await self._resolve_namespace(review, started)
         failed = False
         try:
             if len(body) <= INLINE_BODY:
-                decision = self._evaluate(review)
+                decision = self._evaluate(review, namespace_error)
             else:
                 remaining = max(settings.deadline - (time.perf_counter() - started), 0.001)
                 loop = asyncio.get_running_loop()
                 decision = await asyncio.wait_for(
-                    loop.run_in_executor(self.ctx.executor, self._evaluate, review), remaining
+                    loop.run_in_executor(
+                        self.ctx.executor, self._evaluate, review, namespace_error
+                    ),
+                    remaining,
                 )
         except ReviewError as exc:
             return self._refuse(400, str(exc))

@@ -13,6 +13,7 @@ Endpoint = Literal["mutate", "validate"]
 FailureMode = Literal["allow", "deny"]
 
 NO_POLICY_REASON = "gpuwarden-no-policy"
+NAMESPACE_UNKNOWN_RULE = "namespace-unknown"
 
 
 def no_policy_message(error: str | None) -> str:
@@ -25,6 +26,20 @@ def no_policy_message(error: str | None) -> str:
     )
 
 
+def namespace_unknown_message(namespace: str, error: str) -> str:
+    """What a user whose GPU pod is refused because its namespace could not be read is told."""
+    return (
+        f"gpuwarden could not read namespace {namespace} to find its tenant ({error}), so pods "
+        "that request GPUs are refused for now; retry in a moment (controllers retry on their own)"
+    )
+
+
+def _guarded_gpu_pod(review: Review) -> bool:
+    """A request that could start GPU use: a new GPU pod, or GPU ephemeral containers."""
+    guarded = review.operation == "CREATE" or review.sub_resource == "ephemeralcontainers"
+    return guarded and review.obj is not None and requests_gpu(review.obj)
+
+
 def decide(
     endpoint: Endpoint,
     review: Review,
@@ -32,8 +47,14 @@ def decide(
     cluster: ClusterView,
     *,
     policy_error: str | None = None,
+    namespace_error: str | None = None,
 ) -> Decision:
-    """The decision for one review; raises ReviewError for a request that makes no sense."""
+    """The decision for one review; raises ReviewError for a request that makes no sense.
+
+    ``namespace_error`` says the request's namespace is not in ``cluster`` and could not be
+    read: its tenant is unknown, so GPU pods are refused (fail closed for gpuwarden's scope)
+    and everything else is admitted unchanged.
+    """
     if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
         return Decision()
     if review.obj is None:
@@ -46,14 +67,23 @@ def decide(
         raise ReviewError(str(exc)) from None
     if policies is None:
         # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
-        guarded = review.operation == "CREATE" or review.sub_resource == "ephemeralcontainers"
-        if guarded and requests_gpu(review.obj):
+        if _guarded_gpu_pod(review):
             return Decision(
                 allowed=False,
                 code=403,
                 reason="Forbidden",
                 message=no_policy_message(policy_error),
                 rule=NO_POLICY_REASON,
+            )
+        return Decision()
+    if namespace_error is not None:
+        if _guarded_gpu_pod(review):
+            return Decision(
+                allowed=False,
+                code=503,
+                reason="ServiceUnavailable",
+                message=namespace_unknown_message(review.namespace, namespace_error),
+                rule=NAMESPACE_UNKNOWN_RULE,
             )
         return Decision()
     request = review.admission_request()

@@ -105,6 +105,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
+        self.namespace_lookups = Counter(
+            "gpuwarden_namespace_lookups_total",
+            "Namespaces missing from the watch cache and read live, by result (found or failed; "
+            "failed: GPU pods there were refused).",
+            ["result"],
+            registry=r,
+        )
         self.cache_age = Gauge(
             "gpuwarden_namespace_cache_age_seconds",
             "Seconds since the namespace data was last confirmed by the API server (or loaded).",

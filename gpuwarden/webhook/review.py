@@ -19,7 +19,15 @@ from gpuwarden.policy.decision import Operation
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 _STATUS_REASONS = frozenset(
-    {"Forbidden", "Invalid", "BadRequest", "InternalError", "Timeout", "Unauthorized"}
+    {
+        "Forbidden",
+        "Invalid",
+        "BadRequest",
+        "InternalError",
+        "Timeout",
+        "Unauthorized",
+        "ServiceUnavailable",
+    }
 )
 
 
