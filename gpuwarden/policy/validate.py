@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.model import Tenant
 from gpuwarden.policy.mutate import admitted_gpu_memory, apply_placement, context_of, plan
 from gpuwarden.policy.placement import Placement, place
@@ -161,6 +161,36 @@ def _env_from_violations(
                         f"{_where(ref)}.envFrom[{target['name']}]: {kind} key {key} sets "
                         f"{prefix + key}, which can escape GPU isolation; remove that key",
                     )
+
+
+def _unchecked_env_sources(
+    request: AdmissionRequest, placement: Placement, cluster: ClusterView
+) -> tuple[str, ...]:
+    """Warnings for envFrom sources whose keys gpuwarden cannot see (Secrets, unknown ConfigMaps)."""
+    tenant = placement.tenant
+    if tenant is None or not tenant.enforcement.environment or request.operation != "CREATE":
+        return ()
+    unknown: list[str] = []
+    for ref in containers(request.pod):
+        sources = ref.body.get("envFrom")
+        for source in sources if isinstance(sources, list) else []:
+            if not isinstance(source, dict):
+                continue
+            for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+                target = source.get(field)
+                if not isinstance(target, dict) or not target.get("name"):
+                    continue
+                name = str(target["name"])
+                if (kind, request.namespace, name) not in cluster.env_source_keys:
+                    unknown.append(f"{kind} {name}")
+    if not unknown:
+        return ()
+    return (
+        warning(
+            f"gpuwarden: envFrom {', '.join(sorted(set(unknown)))} not checked for "
+            "NVIDIA_*/CUDA_MPS_* keys"
+        ),
+    )
 
 
 def _protected_paths(mps_dirs: tuple[str, ...]) -> tuple[str, ...]:
@@ -420,7 +450,8 @@ def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
     placement, found = violations(request, policies, cluster)
     base = context_of(placement)
     if not found:
-        return base
+        unchecked = _unchecked_env_sources(request, placement, cluster)
+        return replace(base, warnings=unchecked) if unchecked else base
     first = found[0]
     policy = placement.profile.policy if placement.profile else ",".join(policies.names)
     shown = "; ".join(v.message for v in found[:_MAX_SHOWN])

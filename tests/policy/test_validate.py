@@ -299,8 +299,21 @@ def test_env_from_unknown_source_with_an_mps_prefix(policies: PolicySet) -> None
 
 def test_env_from_unknown_source_without_prefix_cannot_be_judged(policies: PolicySet) -> None:
     pod = pod_with()
-    main(pod)["envFrom"] = [{"configMapRef": {"name": "unknown"}}]
+    main(pod)["envFrom"] = [{"configMapRef": {"name": "unknown"}}, {"secretRef": {"name": "s"}}]
     assert admitted(pod, policies) == (True, "")
+    # Allowed, but the user is told what gpuwarden could not see.
+    result = admit(create(pod), policies, ClusterView())
+    assert (
+        "gpuwarden: envFrom ConfigMap unknown, Secret s not checked for NVIDIA_*/CUDA_MPS_* keys"
+        in result.validation.warnings
+    )
+
+
+def test_env_from_known_source_gets_no_unchecked_warning(policies: PolicySet) -> None:
+    pod = pod_with()
+    main(pod)["envFrom"] = [{"configMapRef": {"name": "app"}}]
+    cluster = ClusterView(env_source_keys={("ConfigMap", "team", "app"): frozenset({"LOG"})})
+    assert admit(create(pod), policies, cluster).validation.warnings == ()
 
 
 @pytest.mark.parametrize(
