@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -158,3 +159,35 @@ def read_pods(sources: Iterable[str], namespace: str | None = None) -> list[PodI
             else:
                 raise InputError(f"{where}: expected kind Pod or AdmissionReview, got {kind!r}")
     return inputs
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """What `apply` and `explain` work on: the policies, the cluster view and the pods."""
+
+    policies: PolicySet
+    cluster: ClusterView
+    pods: list[PodInput]
+
+
+def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
+    )
+    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
+    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
+    parser.add_argument("--namespace", "-n", metavar="NS", help="Namespace for every pod")
+
+
+def load_dry_run(args: argparse.Namespace) -> DryRun | None:
+    """The inputs of a dry run, or None after printing what is wrong (exit status 2)."""
+    policies = load_policies(args.policies)
+    if policies is None:
+        return None
+    try:
+        cluster = cluster_view(load_namespaces(args.namespaces))
+        pods = read_pods(args.files, args.namespace)
+    except InputError as exc:
+        eprint(f"error: {exc}")
+        return None
+    return DryRun(policies, cluster, pods)

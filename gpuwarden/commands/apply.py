@@ -9,26 +9,14 @@ import sys
 
 import yaml
 
-from gpuwarden.commands._inputs import (
-    InputError,
-    cluster_view,
-    eprint,
-    load_namespaces,
-    load_policies,
-    read_pods,
-)
+from gpuwarden.commands._inputs import add_dry_run_arguments, eprint, load_dry_run
 from gpuwarden.policy import admit
 
 HELP = "Show what gpuwarden would do to pods (the mutated pod, the patch or a diff) and the verdict"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "files", nargs="+", metavar="FILE", help="Pod or AdmissionReview (- for stdin)"
-    )
-    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
-    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
-    parser.add_argument("--namespace", "-n", metavar="NS", help="Namespace for every pod")
+    add_dry_run_arguments(parser)
     parser.add_argument("-o", "--output", choices=("yaml", "json", "patch", "diff"), default="yaml")
 
 
@@ -37,15 +25,10 @@ def dump_yaml(obj: object) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = load_policies(args.policies)
-    if policies is None:
+    loaded = load_dry_run(args)
+    if loaded is None:
         return 2
-    try:
-        cluster = cluster_view(load_namespaces(args.namespaces))
-        inputs = read_pods(args.files, args.namespace)
-    except InputError as exc:
-        eprint(f"error: {exc}")
-        return 2
+    policies, cluster, inputs = loaded.policies, loaded.cluster, loaded.pods
     denied = False
     pods: list[object] = []
     for item in inputs:

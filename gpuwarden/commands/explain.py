@@ -5,14 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gpuwarden.commands._inputs import (
-    InputError,
-    cluster_view,
-    eprint,
-    load_namespaces,
-    load_policies,
-    read_pods,
-)
+from gpuwarden.commands._inputs import add_dry_run_arguments, load_dry_run
 from gpuwarden.policy import admit
 from gpuwarden.policy.placement import place
 from gpuwarden.policy.quantity import format_bytes
@@ -21,24 +14,14 @@ HELP = "Explain which tenant, rule and profile a pod gets, and why other rules d
 
 
 def register(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "files", nargs="+", metavar="POD", help="Pod or AdmissionReview (- for stdin)"
-    )
-    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
-    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
-    parser.add_argument("--namespace", "-n", metavar="NS")
+    add_dry_run_arguments(parser, metavar="POD")
 
 
 def run(args: argparse.Namespace) -> int:
-    policies = load_policies(args.policies)
-    if policies is None:
+    loaded = load_dry_run(args)
+    if loaded is None:
         return 2
-    try:
-        cluster = cluster_view(load_namespaces(args.namespaces))
-        inputs = read_pods(args.files, args.namespace)
-    except InputError as exc:
-        eprint(f"error: {exc}")
-        return 2
+    policies, cluster, inputs = loaded.policies, loaded.cluster, loaded.pods
     out = sys.stdout
     denied = False
     for item in inputs:

@@ -11,34 +11,30 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import ValidationError
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.model import GPUPolicy, Profile, Tenant, WorkloadRule
+from gpuwarden.policy.model import (
+    BackendName,
+    GPUPolicy,
+    Matcher,
+    Profile,
+    Tenant,
+    WorkloadRule,
+)
 from gpuwarden.policy.policyset import PolicySet
 
 _POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 _SPEC_KEYS = {"backend", "profiles", "workloads", "tenants", "defaultProfile", "mps"}
 # A policy directory may be a ConfigMap volume: a file per key, each a symlink into ..data.
 _MAX_FILE_BYTES = 8 * 1024 * 1024
+# Tagged unions put the tag value in pydantic's error locations; these are dropped from paths.
 _UNION_TAGS = frozenset(
-    {
-        "volcano",
-        "hami",
-        "nvidia",
-        "native",
-        "kfp-step",
-        "kfp-system",
-        "training-job",
-        "trainjob",
-        "katib-trial",
-        "notebook",
-        "kserve-predictor",
-        "selector",
-    }
+    [*get_args(BackendName)]
+    + [member.model_fields["kind"].default for member in get_args(get_args(Matcher)[0])]
 )
 
 

@@ -129,38 +129,41 @@ def _visible_devices_problem(value: str, gpus: int) -> str | None:
     return None
 
 
-def _env_from_violations(
-    ref: ContainerRef, cluster: ClusterView, namespace: str
-) -> Iterator[Violation]:
+def _env_sources(ref: ContainerRef) -> Iterator[tuple[str, str, str]]:
+    """(kind, name, prefix) of each ConfigMap and Secret the container's envFrom names."""
     sources = ref.body.get("envFrom")
-    if not isinstance(sources, list):
-        return
-    for source in sources:
+    for source in sources if isinstance(sources, list) else []:
         if not isinstance(source, dict):
             continue
         prefix = str(source.get("prefix") or "")
         for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
             target = source.get(field)
-            if not isinstance(target, dict) or not target.get("name"):
-                continue
-            known = cluster.env_source_keys.get((kind, namespace, str(target["name"])))
-            if known is None:
-                if prefix and _FORBIDDEN_ENV.match(prefix + "X"):
-                    yield Violation(
-                        "environment",
-                        "GPUIsolationEscape",
-                        f"{_where(ref)}.envFrom[{target['name']}]: prefix {prefix} makes "
-                        f"{kind} keys into {prefix}* variables; remove the prefix",
-                    )
-                continue
-            for key in sorted(known):
-                if _FORBIDDEN_ENV.match(prefix + key):
-                    yield Violation(
-                        "environment",
-                        "GPUIsolationEscape",
-                        f"{_where(ref)}.envFrom[{target['name']}]: {kind} key {key} sets "
-                        f"{prefix + key}, which can escape GPU isolation; remove that key",
-                    )
+            if isinstance(target, dict) and target.get("name"):
+                yield kind, str(target["name"]), prefix
+
+
+def _env_from_violations(
+    ref: ContainerRef, cluster: ClusterView, namespace: str
+) -> Iterator[Violation]:
+    for kind, name, prefix in _env_sources(ref):
+        known = cluster.env_source_keys.get((kind, namespace, name))
+        if known is None:
+            if prefix and _FORBIDDEN_ENV.match(prefix + "X"):
+                yield Violation(
+                    "environment",
+                    "GPUIsolationEscape",
+                    f"{_where(ref)}.envFrom[{name}]: prefix {prefix} makes "
+                    f"{kind} keys into {prefix}* variables; remove the prefix",
+                )
+            continue
+        for key in sorted(known):
+            if _FORBIDDEN_ENV.match(prefix + key):
+                yield Violation(
+                    "environment",
+                    "GPUIsolationEscape",
+                    f"{_where(ref)}.envFrom[{name}]: {kind} key {key} sets "
+                    f"{prefix + key}, which can escape GPU isolation; remove that key",
+                )
 
 
 def _unchecked_env_sources(
@@ -170,19 +173,12 @@ def _unchecked_env_sources(
     tenant = placement.tenant
     if tenant is None or not tenant.enforcement.environment or request.operation != "CREATE":
         return ()
-    unknown: list[str] = []
-    for ref in containers(request.pod):
-        sources = ref.body.get("envFrom")
-        for source in sources if isinstance(sources, list) else []:
-            if not isinstance(source, dict):
-                continue
-            for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-                target = source.get(field)
-                if not isinstance(target, dict) or not target.get("name"):
-                    continue
-                name = str(target["name"])
-                if (kind, request.namespace, name) not in cluster.env_source_keys:
-                    unknown.append(f"{kind} {name}")
+    unknown = [
+        f"{kind} {name}"
+        for ref in containers(request.pod)
+        for kind, name, _ in _env_sources(ref)
+        if (kind, request.namespace, name) not in cluster.env_source_keys
+    ]
     if not unknown:
         return ()
     return (
