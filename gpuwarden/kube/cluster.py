@@ -1,4 +1,5 @@
-"""What the webhook knows of the cluster: namespaces, PriorityClasses and tenants' GPU memory.
+"""What the webhook knows of the cluster: namespaces, PriorityClasses, tenants' GPU memory, and
+the key names of ConfigMaps (for ``envFrom``).
 
 Two sources give the same :class:`ClusterView`:
 
@@ -17,15 +18,25 @@ A namespace the watch has not delivered yet (created a moment ago, or the cache 
 not taken for a namespace without labels: :meth:`WatchedCluster.resolve_namespace` reads it
 from the API server and adds it to the cache, and the webhook refuses GPU pods when even that
 fails (``tests/webhook/test_namespace_lookup.py``).
+
+ConfigMaps: only the names of their ``data`` keys are kept (the variables an ``envFrom`` makes),
+never a value, so the validating webhook can see an ``NVIDIA_VISIBLE_DEVICES`` or ``CUDA_MPS_*``
+that a pod would get through a ConfigMap. The view's ``env_source_keys`` reads the cache live
+(one dict lookup, no copy per change or per admission), so a view taken earlier sees ConfigMap
+changes made since. Secrets are not read (a webhook should not hold that privilege): their keys
+stay unknown to the engine. A ConfigMap the watch has not delivered yet (created a moment before
+the pod), or one created or changed after the pod, is beyond what admission can know.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -137,8 +148,89 @@ class TenantMemory:
             self._publish()
 
 
+def config_map_keys(obj: Obj) -> frozenset[str] | None:
+    """The names of a ConfigMap's ``data`` keys, the variables ``envFrom`` makes; never values.
+
+    ``binaryData`` is left out: the kubelet makes variables from ``data`` only. Names are
+    interned, so a key that many ConfigMaps share (``ca.crt`` of every namespace's
+    ``kube-root-ca.crt``) is stored once.
+    """
+    data = obj.get("data")
+    if not isinstance(data, Mapping):
+        return frozenset()
+    return frozenset(sys.intern(str(key)) for key in data)
+
+
+EnvSourceKey = tuple[str, str, str]
+
+
+class ConfigMapKeys:
+    """Sink of ConfigMaps' key names by ``namespace/name``, written by the informer's thread.
+
+    Each change is one dict operation (or one swap, for a relist); nothing is copied. ConfigMaps
+    with the same key names (one per namespace of the same app, ``kube-root-ca.crt``) share one
+    frozenset. Readers use :attr:`view`.
+    """
+
+    def __init__(self) -> None:
+        self.items: dict[str, frozenset[str]] = {}
+        self.view = EnvSourceKeys(self)
+        # Sorted names -> the frozenset in use; an entry goes when no ConfigMap holds it.
+        self._shared: weakref.WeakValueDictionary[tuple[str, ...], frozenset[str]] = (
+            weakref.WeakValueDictionary()
+        )
+
+    def _share(self, names: frozenset[str]) -> frozenset[str]:
+        key = tuple(sorted(names))
+        found = self._shared.get(key)
+        if found is None:
+            self._shared[key] = found = names
+        return found
+
+    def replace(self, items: Mapping[str, frozenset[str]]) -> None:
+        # One reference swap: a reader sees the old dict or the new one.
+        self.items = {key: self._share(names) for key, names in items.items()}
+
+    def upsert(self, key: str, item: frozenset[str]) -> None:
+        self.items[key] = self._share(item)
+
+    def delete(self, key: str) -> None:
+        self.items.pop(key, None)
+
+
+class EnvSourceKeys(Mapping[EnvSourceKey, frozenset[str]]):
+    """Read-only live ``(kind, namespace, name) -> key names`` over a :class:`ConfigMapKeys`.
+
+    What :attr:`ClusterView.env_source_keys` is given: a lookup costs one dict read, whatever the
+    number of ConfigMaps. Only ``ConfigMap`` entries exist (Secrets are never read).
+    """
+
+    def __init__(self, sink: ConfigMapKeys) -> None:
+        self._sink = sink
+
+    def __getitem__(self, key: EnvSourceKey) -> frozenset[str]:
+        kind, namespace, name = key
+        if kind != "ConfigMap":
+            raise KeyError(key)
+        return self._sink.items[f"{namespace}/{name}"]
+
+    def __contains__(self, key: object) -> bool:
+        if not isinstance(key, tuple) or len(key) != 3 or key[0] != "ConfigMap":
+            return False
+        return f"{key[1]}/{key[2]}" in self._sink.items
+
+    def __iter__(self) -> Iterator[EnvSourceKey]:
+        for key in tuple(self._sink.items):  # a copy: the informer may change the dict meanwhile
+            namespace, _, name = key.partition("/")
+            yield ("ConfigMap", namespace, name)
+
+    def __len__(self) -> int:
+        return len(self._sink.items)
+
+
 class WatchedCluster:
-    """Watch-backed caches of Namespaces, PriorityClasses and live pods' GPU-memory charges."""
+    """Watch-backed caches of Namespaces, PriorityClasses, live pods' GPU-memory charges and
+    ConfigMaps' key names."""
 
     def __init__(
         self,
@@ -146,6 +238,7 @@ class WatchedCluster:
         *,
         watch_timeout: int = 300,
         track_pods: bool = True,
+        track_config_maps: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         core = k8s_client.CoreV1Api(api)
@@ -155,34 +248,35 @@ class WatchedCluster:
         self.namespaces: MappingSink[Mapping[str, str]] = MappingSink(self._rebuild)
         self.priority_classes: MappingSink[PriorityClassInfo] = MappingSink(self._rebuild)
         self.tenant_memory = TenantMemory(self._rebuild)
-        self._view = ClusterView()
-        self.informers: dict[str, Informer[Any]] = {
-            "namespaces": Informer(
-                "namespaces",
-                core.list_namespace,
-                namespace_labels,
-                self.namespaces,
-                watch_timeout=watch_timeout,
-                clock=clock,
-            ),
-            "priorityclasses": Informer(
+        # Live: a ConfigMap change needs no new ClusterView.
+        self.config_maps = ConfigMapKeys()
+        self._view = ClusterView(env_source_keys=self.config_maps.view)
+        # name, list method, transform, sink, wanted
+        kinds: tuple[tuple[str, Callable[..., Any], Callable[[Obj], Any], Any, bool], ...] = (
+            ("namespaces", core.list_namespace, namespace_labels, self.namespaces, True),
+            (
                 "priorityclasses",
                 scheduling.list_priority_class,
                 priority_class,
                 self.priority_classes,
-                watch_timeout=watch_timeout,
-                clock=clock,
+                True,
             ),
-        }
-        if track_pods:
-            self.informers["pods"] = Informer(
-                "pods",
-                core.list_pod_for_all_namespaces,
-                pod_charge,
-                self.tenant_memory,
-                watch_timeout=watch_timeout,
-                clock=clock,
+            ("pods", core.list_pod_for_all_namespaces, pod_charge, self.tenant_memory, track_pods),
+            (
+                "configmaps",
+                core.list_config_map_for_all_namespaces,
+                config_map_keys,
+                self.config_maps,
+                track_config_maps,
+            ),
+        )
+        self.informers: dict[str, Informer[Any]] = {
+            name: Informer(
+                name, list_func, transform, sink, watch_timeout=watch_timeout, clock=clock
             )
+            for name, list_func, transform, sink, wanted in kinds
+            if wanted
+        }
 
     def _rebuild(self) -> None:
         with self._lock:
@@ -190,6 +284,7 @@ class WatchedCluster:
                 namespace_labels=self.namespaces.snapshot,
                 priority_classes=self.priority_classes.snapshot,
                 tenant_gpu_memory=self.tenant_memory.snapshot,
+                env_source_keys=self.config_maps.view,
             )
 
     def view(self) -> ClusterView:

@@ -52,6 +52,20 @@ def object_key(obj: Obj) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
+def _raw_events(list_func: Callable[..., Any]) -> Callable[..., Any]:
+    """``list_func`` without the docstring the client reads the model type from.
+
+    Given a typed list method, ``watch.Watch`` re-serializes every event's object and builds a
+    model of it (a V1Pod, a V1ConfigMap with all its data) that the informer never reads; given
+    this wrapper it yields the parsed JSON only (``raw_object``), errors and 410 Gone included.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return list_func(*args, **kwargs)
+
+    return call
+
+
 def _resource_version(obj: Obj) -> str | None:
     meta = obj.get("metadata")
     if isinstance(meta, Mapping):
@@ -96,6 +110,7 @@ class Informer(Generic[T]):
     ) -> None:
         self.name = name
         self._list_func = list_func
+        self._watch_func = _raw_events(list_func)
         self._transform = transform
         self._sink = sink
         self._watch_timeout = watch_timeout
@@ -201,7 +216,7 @@ class Informer(Generic[T]):
             self._watch = stream
             # With timeout_seconds the client never retries on its own: a 410 reaches us.
             for event in stream.stream(  # type: ignore[no-untyped-call]
-                self._list_func,
+                self._watch_func,
                 resource_version=version,
                 timeout_seconds=self._watch_timeout,
                 allow_watch_bookmarks=True,

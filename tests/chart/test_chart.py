@@ -417,7 +417,7 @@ def _rules(rendering: Rendering, name: str) -> list[tuple[tuple[str, ...], tuple
 
 def test_rbac_verbs(default: Rendering) -> None:
     assert _rules(default, f"{FULLNAME}-webhook") == [
-        (("namespaces", "pods"), ("get", "list", "watch")),
+        (("namespaces", "pods", "configmaps"), ("get", "list", "watch")),
         (("priorityclasses",), ("get", "list", "watch")),
         (("gpupolicies",), ("get", "list", "watch")),
     ]

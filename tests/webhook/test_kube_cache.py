@@ -52,6 +52,7 @@ def cluster(api_client: k8s_client.ApiClient) -> Iterator[WatchedCluster]:
         "namespaces cache not synced",
         "priorityclasses cache not synced",
         "pods cache not synced",
+        "configmaps cache not synced",
     ]
     watched.start()
     assert watched.wait_synced(20)
