@@ -9,7 +9,8 @@ from gpuwarden.policy.decision import (
 from gpuwarden.policy.loader import PolicyError, PolicyIssue, load_paths, load_texts
 from gpuwarden.policy.mutate import admitted_gpu_memory, mutate
 from gpuwarden.policy.pipeline import Admission, admit, apply_patch
-from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.validate import validate
 
 __all__ = [

@@ -17,8 +17,8 @@ from gpuwarden.policy.model import (
     NvidiaBackend,
     VolcanoBackend,
 )
-from gpuwarden.policy.policyset import ResolvedProfile
 from gpuwarden.policy.quantity import to_mebibytes
+from gpuwarden.policy.resolved import ResolvedProfile
 
 DEFAULT_SCHEDULER = "default-scheduler"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"

@@ -8,17 +8,18 @@ from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan, plan_for
+from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.patch import PatchBuilder
 from gpuwarden.policy.placement import Placement, place
-from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.quantity import (
     QuantityError,
     format_bytes,
     format_mebibytes,
     parse_non_negative,
 )
+from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import ContainerRef, annotations_of, containers, is_gpu_resource
 
 # The decision annotations desired_annotations() writes only for some profiles: when a
@@ -40,48 +41,18 @@ def _is_pod(obj: Mapping[str, Any]) -> bool:
     return obj.get("kind", "Pod") == "Pod" and isinstance(obj.get("spec"), Mapping)
 
 
-def _ratio_text(ratio: float) -> str:
-    return f"{ratio:g}"
-
-
-def desired_annotations(placement: Placement, plan: BackendPlan | None) -> dict[str, str]:
-    profile = placement.profile
-    assert profile is not None
-    out = {
-        keys.ANNOTATION_PROFILE: profile.name,
-        keys.ANNOTATION_POLICY: profile.policy,
+def desired_annotations(placement: Placement) -> dict[str, str]:
+    assert placement.grant is not None
+    return {
+        **placement.grant.annotations,
         keys.ANNOTATION_RULE: placement.origin,
         keys.ANNOTATION_CONTAINERS: ",".join(placement.containers),
     }
-    if placement.tenant is not None:
-        out[keys.ANNOTATION_TENANT] = placement.tenant.name
-    if plan is None:
-        out[keys.ANNOTATION_GPU_COUNT] = "0"
-        return out
-    out |= {
-        keys.ANNOTATION_BACKEND: profile.backend.type,
-        keys.ANNOTATION_GPU_COUNT: str(profile.gpus),
-        keys.ANNOTATION_GPU_SHARED: "true" if plan.shared else "false",
-        keys.ANNOTATION_PREEMPTIBLE: "true" if profile.preemptible else "false",
-    }
-    if profile.max_memory is not None:
-        out[keys.ANNOTATION_GPU_MEMORY_LIMIT] = format_bytes(profile.max_memory)
-        reserved = profile.reserved_memory
-        assert reserved is not None
-        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_mebibytes(reserved)
-        out[keys.ANNOTATION_OVERCOMMIT_RATIO] = _ratio_text(profile.overcommit_ratio)
-    if profile.thread_percentage is not None:
-        out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
-    return out | dict(plan.annotations)
 
 
 def plan(placement: Placement) -> BackendPlan | None:
     """The backend plan, or None for a profile that gives no GPU."""
-    profile = placement.profile
-    if profile is None or profile.gpus == 0:
-        return None
-    queue = placement.tenant.queue if placement.tenant is not None else None
-    return plan_for(profile, queue=queue)
+    return placement.grant.plan if placement.grant is not None else None
 
 
 def _set_resources(
@@ -228,7 +199,7 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
-    wanted = desired_annotations(placement, backend_plan)
+    wanted = desired_annotations(placement)
     patch.merge(["metadata", "annotations"], wanted)
     for key in _CONDITIONAL_ANNOTATIONS:
         if key not in wanted:

@@ -9,7 +9,8 @@ from typing import Any, Literal
 from gpuwarden.policy import keys
 from gpuwarden.policy.matchers import MatchResult, PodFacts, match
 from gpuwarden.policy.model import Tenant, WorkloadRule
-from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.policyset import Grant, PolicySet
+from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import (
     annotations_of,
     containers,
@@ -34,6 +35,7 @@ class Placement:
     problems: tuple[str, ...]
     trace: tuple[tuple[str, MatchResult], ...]
     tenant_reason: str
+    grant: Grant | None = None
 
     @property
     def governed(self) -> bool:
@@ -126,12 +128,13 @@ def place(
         problems: tuple[str, ...] = (),
         trace: tuple[tuple[str, MatchResult], ...] = (),
     ) -> Placement:
-        profile = policies.resolve(profile_name, tenant) if profile_name else None
+        grant = policies.grant(profile_name, tenant) if profile_name else None
+        profile = grant.profile if grant is not None else None
         chosen = target_containers(pod, rule, workload, profile) if profile is not None else ()
         if profile is not None and not chosen:
             problems += ("no container to give the GPU to (check the rule's containers)",)
         return Placement(
-            source, tenant, workload, rule, profile, chosen, problems, trace, tenant_reason
+            source, tenant, workload, rule, profile, chosen, problems, trace, tenant_reason, grant
         )
 
     requested = labels.get(keys.PROFILE_LABEL)

@@ -4,55 +4,48 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy.model import (
-    Backend,
-    GPUPolicy,
-    Profile,
-    Tenant,
-    Toleration,
-    WorkloadRule,
-    quantity_value,
-)
+from gpuwarden.policy import keys
+from gpuwarden.policy.backends import BackendPlan, plan_for
+from gpuwarden.policy.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
+from gpuwarden.policy.quantity import format_bytes, format_mebibytes
+from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.selectors import selector_matches
 
 
 @dataclass(frozen=True)
-class ResolvedProfile:
-    """A profile with its tenant's overrides applied: what a matched container gets."""
+class Grant:
+    """What a (tenant, profile) pair puts on a pod, computed once at load."""
 
-    name: str
-    policy: str
-    backend: Backend
-    gpu_share: bool
-    gpus: int
-    max_memory: Decimal | None
-    max_memory_text: str | None
-    overcommit_ratio: float
-    thread_percentage: int | None
-    host_memory: str | None
-    cpu: str | None
-    priority: int
-    preemptible: bool
-    priority_class_name: str
-    node_selector: Mapping[str, str]
-    tolerations: tuple[Toleration, ...]
-    overridden: tuple[str, ...] = ()
+    profile: ResolvedProfile
+    plan: BackendPlan | None  # None for a profile that gives no GPU
+    annotations: Mapping[str, str]  # the decision annotations that depend on nothing else
 
-    @property
-    def reserved_memory(self) -> Decimal | None:
-        """GPU memory the scheduler reserves: the cap divided by the overcommit ratio."""
-        if self.max_memory is None:
-            return None
-        return self.max_memory / Decimal(str(self.overcommit_ratio))
 
-    @property
-    def preemption_policy(self) -> str:
-        # Preemptible work waits for capacity rather than evicting others.
-        return "Never" if self.preemptible else "PreemptLowerPriority"
+def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
+    out = {keys.ANNOTATION_PROFILE: profile.name, keys.ANNOTATION_POLICY: profile.policy}
+    if tenant is not None:
+        out[keys.ANNOTATION_TENANT] = tenant.name
+    if profile.gpus == 0:
+        out[keys.ANNOTATION_GPU_COUNT] = "0"
+        return Grant(profile, None, out)
+    plan = plan_for(profile, queue=tenant.queue if tenant is not None else None)
+    out |= {
+        keys.ANNOTATION_BACKEND: profile.backend.type,
+        keys.ANNOTATION_GPU_COUNT: str(profile.gpus),
+        keys.ANNOTATION_GPU_SHARED: "true" if plan.shared else "false",
+        keys.ANNOTATION_PREEMPTIBLE: "true" if profile.preemptible else "false",
+    }
+    reserved = profile.reserved_memory
+    if profile.max_memory is not None and reserved is not None:
+        out[keys.ANNOTATION_GPU_MEMORY_LIMIT] = format_bytes(profile.max_memory)
+        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_mebibytes(reserved)
+        out[keys.ANNOTATION_OVERCOMMIT_RATIO] = f"{profile.overcommit_ratio:g}"
+    if profile.thread_percentage is not None:
+        out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
+    return Grant(profile, plan, out | dict(plan.annotations))
 
 
 @dataclass(frozen=True)
@@ -64,8 +57,8 @@ class PolicySet:
     rules: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
     tenants: tuple[Tenant, ...] = ()
     default_profile: str | None = None
-    # Every (tenant, profile) resolution, computed once at load: decisions only look them up.
-    resolutions: Mapping[tuple[str | None, str], ResolvedProfile] = field(default_factory=dict)
+    # Every (tenant, profile) grant, computed once at load: decisions only look them up.
+    grants: Mapping[tuple[str | None, str], Grant] = field(default_factory=dict)
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -90,12 +83,14 @@ class PolicySet:
             tenants=tuple(tenants),
             default_profile=default_profile,
         )
-        resolutions = {
-            (tenant.name if tenant else None, name): unresolved._resolve(name, tenant)
+        grants = {
+            (tenant.name if tenant else None, name): _grant(
+                unresolved._resolve(name, tenant), tenant
+            )
             for tenant in (None, *tenants)
             for name in profiles
         }
-        return replace(unresolved, resolutions=resolutions)
+        return replace(unresolved, grants=grants)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -114,7 +109,11 @@ class PolicySet:
 
     def resolve(self, profile_name: str, tenant: Tenant | None) -> ResolvedProfile:
         """The profile as the tenant gets it. Raises KeyError for an unknown profile."""
-        return self.resolutions[(tenant.name if tenant else None, profile_name)]
+        return self.grant(profile_name, tenant).profile
+
+    def grant(self, profile_name: str, tenant: Tenant | None) -> Grant:
+        """The profile, its backend plan and its annotations, as the tenant gets them."""
+        return self.grants[(tenant.name if tenant else None, profile_name)]
 
     def _resolve(self, profile_name: str, tenant: Tenant | None) -> ResolvedProfile:
         profile = self.profiles[profile_name]

@@ -33,7 +33,8 @@ from typing import Any
 from gpuwarden.policy import keys
 from gpuwarden.policy.backends import plan_for
 from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
-from gpuwarden.policy.policyset import PolicySet, ResolvedProfile
+from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuwarden"}
