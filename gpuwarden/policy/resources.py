@@ -7,8 +7,7 @@ object belongs reads as absent, which the validator then reports as it finds it.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 # Every extended resource by which a container can ask for (part of) an NVIDIA GPU, across the
 # backends gpuwarden knows; a governed container keeps only the ones its backend sets.
@@ -42,22 +41,21 @@ def is_gpu_resource(name: str) -> bool:
     return name in GPU_RESOURCES or name.startswith(_GPU_PREFIXES)
 
 
-@dataclass(frozen=True)
-class ContainerRef:
-    """A container of the pod and where it sits in the spec."""
+class ContainerRef(NamedTuple):
+    """A container of the pod and where it sits in the spec (a tuple: made many times a decision)."""
 
     field: str  # "containers", "initContainers" or "ephemeralContainers"
-    index: int
+    position: int  # index in that list
     body: Mapping[str, Any]
 
     @property
     def name(self) -> str:
         name = self.body.get("name")
-        return name if isinstance(name, str) else f"#{self.index}"
+        return name if isinstance(name, str) else f"#{self.position}"
 
     @property
     def path(self) -> list[str | int]:
-        return ["spec", self.field, self.index]
+        return ["spec", self.field, self.position]
 
     def resources(self, kind: str) -> Mapping[str, Any]:
         resources = self.body.get("resources")
