@@ -117,9 +117,10 @@ def place(
     pod: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, str], policies: PolicySet
 ) -> Placement:
     tenant, tenant_reason = _tenant(policies, namespace, namespace_labels)
-    workload = identify(pod)
     labels = labels_of(pod)
-    facts = PodFacts(namespace, namespace_labels, labels, annotations_of(pod), workload)
+    annotations = annotations_of(pod)
+    workload = identify(pod, labels, annotations)
+    facts = PodFacts(namespace, namespace_labels, labels, annotations, workload)
 
     def placed(
         source: Source,

@@ -107,10 +107,17 @@ def _kfp(
     return Workload("kfp-system", last or None, detail="importer or unknown", evidence=evidence)
 
 
-def identify(pod: Mapping[str, Any]) -> Workload | None:
-    """The Kubeflow workload this pod belongs to, or None for any other pod."""
-    labels = labels_of(pod)
-    annotations = annotations_of(pod)
+def identify(
+    pod: Mapping[str, Any],
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> Workload | None:
+    """The Kubeflow workload this pod belongs to, or None for any other pod.
+
+    ``labels`` and ``annotations`` save reading them again where the caller already has them.
+    """
+    labels = labels_of(pod) if labels is None else labels
+    annotations = annotations_of(pod) if annotations is None else annotations
     pod_name = str(metadata_of(pod).get("name") or metadata_of(pod).get("generateName") or "")
     if KATIB_TRIAL in labels:
         # Trial pods are also Jobs, PyTorchJobs or KFP runs underneath: the trial wins.
