@@ -6,7 +6,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from gpuwarden.certs.authority import service_dns_names
+from gpuwarden.certs.material import LOCAL_NAMES, serving_names
 from gpuwarden.kube.client import KubeConfigError
 from gpuwarden.kube.cluster import ManifestError
 from gpuwarden.webhook import logs
@@ -117,9 +117,12 @@ def _usage(message: str) -> int:
 
 
 def config_from(args: argparse.Namespace) -> ServeConfig:
-    names = ["localhost", "127.0.0.1", *args.san]
+    # The names `certs sync` puts into the shared certificate, so a renewal here matches it.
     if args.service:
-        names += service_dns_names(args.service, args.service_namespace)
+        synced = serving_names(args.service, args.service_namespace, args.san)
+        names = [*synced.dns_names, *synced.ip_addresses]
+    else:
+        names = [*LOCAL_NAMES, *args.san]
     if args.host not in ("0.0.0.0", "::", "") and args.host not in names:
         names.append(args.host)
     metrics_port = None if args.metrics_port < 0 else args.metrics_port

@@ -6,11 +6,13 @@ import base64
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 HTTP_NOT_FOUND = 404
 HTTP_CONFLICT = 409
+DEFAULT_TIMEOUT = 10.0
 _ATTEMPTS = 5
 
 
@@ -26,14 +28,30 @@ class Injected:
     changed: bool
 
 
-def _patch_one(read: Any, replace: Any, kind: str, name: str, bundle_b64: str) -> Injected | None:
+def _error(
+    kind: str, name: str, doing: str, exc: ApiException | urllib3.exceptions.HTTPError
+) -> InjectError:
+    """The one-line errors of ``certs sync``: the API server's message, or why it is unreachable."""
+    # certsync imports this module, so its helpers are imported when first needed.
+    from gpuwarden.kube.certsync import api_error_text, transport_error_text
+
+    if isinstance(exc, ApiException):
+        return InjectError(f"{kind} {name}: cannot {doing}: {api_error_text(exc)}")
+    return InjectError(f"{kind} {name}: {transport_error_text(exc)}")
+
+
+def _patch_one(
+    read: Any, replace: Any, kind: str, name: str, bundle_b64: str, timeout: float
+) -> Injected | None:
     for _ in range(_ATTEMPTS):
         try:
-            config = read(name)
+            config = read(name, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == HTTP_NOT_FOUND:
                 return None
-            raise InjectError(f"{kind} {name}: cannot read: {exc.status} {exc.reason}") from exc
+            raise _error(kind, name, "read", exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise _error(kind, name, "read", exc) from exc
         hooks = config.webhooks or []
         changed = False
         for hook in hooks:
@@ -47,19 +65,24 @@ def _patch_one(read: Any, replace: Any, kind: str, name: str, bundle_b64: str) -
         try:
             # A replace carries the resourceVersion read above: a concurrent writer makes it
             # fail with 409 and we read again rather than overwrite their change.
-            replace(name, config)
+            replace(name, config, _request_timeout=timeout)
         except ApiException as exc:
             if exc.status == HTTP_CONFLICT:
                 continue
-            raise InjectError(f"{kind} {name}: cannot update: {exc.status} {exc.reason}") from exc
+            raise _error(kind, name, "update", exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise _error(kind, name, "update", exc) from exc
         return Injected(kind, name, len(hooks), changed=True)
     raise InjectError(f"{kind} {name}: kept conflicting with other writers; try again")
 
 
-def inject_ca_bundle(api: k8s_client.ApiClient, name: str, bundle_pem: bytes) -> list[Injected]:
+def inject_ca_bundle(
+    api: k8s_client.ApiClient, name: str, bundle_pem: bytes, *, timeout: float = DEFAULT_TIMEOUT
+) -> list[Injected]:
     """Set ``caBundle`` on every webhook of the Mutating and Validating configurations ``name``.
 
-    Raises InjectError when neither exists.
+    Each API call gives up after ``timeout`` seconds. Raises InjectError (one line) when neither
+    configuration exists, or when the API server refuses or cannot be reached.
     """
     bundle_b64 = base64.b64encode(bundle_pem).decode()
     admission = k8s_client.AdmissionregistrationV1Api(api)
@@ -76,7 +99,7 @@ def inject_ca_bundle(api: k8s_client.ApiClient, name: str, bundle_pem: bytes) ->
             admission.replace_validating_webhook_configuration,
         ),
     ):
-        result = _patch_one(read, replace, kind, name, bundle_b64)
+        result = _patch_one(read, replace, kind, name, bundle_b64, timeout)
         if result is not None:
             done.append(result)
     if not done:

@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuwarden import cli
 from gpuwarden.certs.rotation import ServingNames, issue_directory, load_bundle
 from gpuwarden.kube.cluster import WatchedCluster
-from gpuwarden.kube.webhooks import inject_ca_bundle
+from gpuwarden.kube.webhooks import InjectError, inject_ca_bundle
 from gpuwarden.policy import keys
 from gpuwarden.webhook.server import ServeConfig, WebhookServer
 
@@ -259,14 +259,29 @@ def _webhook_configs(name: str) -> tuple[Any, Any]:
     return mutating, validating
 
 
-def test_certs_inject_patches_both_configurations(
-    api_client: k8s_client.ApiClient, control_plane: ControlPlane, tmp_path: Any
-) -> None:
+@pytest.fixture
+def webhook_configs(api_client: k8s_client.ApiClient) -> Iterator[str]:
+    """A Mutating and a Validating configuration, both named the returned name, deleted after
+    the test: left behind, they would shift the webhook order other suites read from the audit
+    log (tests/e2e/test_reinvocation.py)."""
     admission = k8s_client.AdmissionregistrationV1Api(api_client)
     name = f"gpuwarden-{uuid.uuid4().hex[:6]}"
     mutating, validating = _webhook_configs(name)
     admission.create_mutating_webhook_configuration(mutating)
     admission.create_validating_webhook_configuration(validating)
+    yield name
+    admission.delete_mutating_webhook_configuration(name)
+    admission.delete_validating_webhook_configuration(name)
+
+
+def test_certs_inject_patches_both_configurations(
+    api_client: k8s_client.ApiClient,
+    control_plane: ControlPlane,
+    tmp_path: Any,
+    webhook_configs: str,
+) -> None:
+    name = webhook_configs
+    admission = k8s_client.AdmissionregistrationV1Api(api_client)
     directory = issue_directory(tmp_path / "issued", ServingNames(("gpuwarden.ns.svc",)))
     code = cli.main(
         [
@@ -400,14 +415,29 @@ async def test_the_server_uses_live_namespaces_and_enforces_the_quota(
         await server.stop()
 
 
+def test_certs_inject_names_an_unreachable_api_server_on_one_line(tmp_path: Path) -> None:
+    config = k8s_client.Configuration()
+    config.host = "https://127.0.0.1:1"  # nothing listens on port 1
+    config.retries = 0
+    api = k8s_client.ApiClient(config)
+    try:
+        with pytest.raises(InjectError) as caught:
+            inject_ca_bundle(api, "gpuwarden", b"pem", timeout=2)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+    message = str(caught.value)
+    assert message.startswith("MutatingWebhookConfiguration gpuwarden: cannot reach the API server")
+    assert "\n" not in message
+
+
 def test_certs_rotate_ca_publishes_the_bundle_before_moving_the_serving_cert(
-    api_client: k8s_client.ApiClient, control_plane: ControlPlane, tmp_path: Path
+    api_client: k8s_client.ApiClient,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+    webhook_configs: str,
 ) -> None:
+    name = webhook_configs
     admission = k8s_client.AdmissionregistrationV1Api(api_client)
-    name = f"gpuwarden-{uuid.uuid4().hex[:6]}"
-    mutating, validating = _webhook_configs(name)
-    admission.create_mutating_webhook_configuration(mutating)
-    admission.create_validating_webhook_configuration(validating)
     directory = issue_directory(tmp_path / "rot", ServingNames(("gpuwarden.ns.svc",)))
     kubeconfig = str(control_plane.kubeconfig_path)
     argv = ["certs", "rotate", "--dir", str(directory.root), "--ca", "--webhook-config", name]
