@@ -179,15 +179,13 @@ def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
 
 
 def apply_placement(
-    pod: Mapping[str, Any],
-    placement: Placement,
-    cluster: ClusterView,
-    backend_plan: BackendPlan | None,
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
 ) -> tuple[PatchBuilder, list[str]]:
-    """Apply a governed placement and its backend plan to a copy of the pod; returns the
-    builder (its document is the mutated pod) and notes for the warnings."""
+    """Apply a governed placement to a copy of the pod; returns the builder (its document is
+    the mutated pod) and notes for the warnings."""
     profile = placement.profile
     assert profile is not None
+    backend_plan = plan(placement)
     patch = PatchBuilder(pod)
     notes: list[str] = []
     targets = set(placement.containers)
@@ -237,11 +235,10 @@ def mutate_pod(
         ), pod
     if not placement.governed:
         return base, pod
-    backend_plan = plan(placement)
-    patch, notes = apply_placement(pod, placement, cluster, backend_plan)
+    patch, notes = apply_placement(pod, placement, cluster)
     if not patch.ops:
         return base, pod
-    lines = _summary(placement, backend_plan) + [f"gpuwarden: {note}" for note in notes]
+    lines = _summary(placement, plan(placement)) + [f"gpuwarden: {note}" for note in notes]
     audit = {"profile": str(base.profile), "rule": placement.origin}
     if placement.tenant is not None:
         audit["tenant"] = placement.tenant.name

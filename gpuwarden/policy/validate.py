@@ -269,7 +269,7 @@ def _scheduling_violations(
                 f"{keys.PROFILE_LABEL} to one of: {', '.join(_allowed(placement.tenant, cluster))}",
             )
         return
-    desired, _ = apply_placement(pod, placement, cluster, plan(placement))
+    desired, _ = apply_placement(pod, placement, cluster)
     if desired.ops:
         first = desired.ops[0]
         field = _readable(str(first["path"]))
