@@ -83,6 +83,21 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
+def _key_usage(*, key_cert_sign: bool = False, key_encipherment: bool = False) -> x509.KeyUsage:
+    """Digital signatures always; a CA also signs certificates and CRLs; RSA leaves encipher keys."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=key_encipherment,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=key_cert_sign,
+        crl_sign=key_cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def new_ca(
     *,
     common_name: str,
@@ -104,20 +119,7 @@ def new_ca(
         .not_valid_before(start)
         .not_valid_after(start + _BACKDATE + valid_for)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(key_cert_sign=True), critical=True)
         .add_extension(ski, critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -147,18 +149,7 @@ def _issue_leaf(
         .not_valid_after(start + _BACKDATE + valid_for)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=isinstance(key, rsa.RSAPrivateKey),
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
+            _key_usage(key_encipherment=isinstance(key, rsa.RSAPrivateKey)), critical=True
         )
         .add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
         .add_extension(
