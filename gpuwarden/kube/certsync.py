@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,10 +20,14 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.kube.errors import (
+    HTTP_CONFLICT,
+    HTTP_NOT_FOUND,
+    api_error_text,
+    transport_error_text,
+)
 from gpuwarden.kube.webhooks import Injected, InjectError, inject_ca_bundle
 
-HTTP_NOT_FOUND = 404
-HTTP_CONFLICT = 409
 DEFAULT_TIMEOUT = 10.0
 _ATTEMPTS = 5
 
@@ -34,24 +37,6 @@ Planner = Callable[[Mapping[str, bytes]], tuple[Mapping[str, bytes], tuple[str, 
 
 class SyncError(Exception):
     """An API call failed; the message is one line naming the object."""
-
-
-def api_error_text(exc: ApiException) -> str:
-    """``403 Forbidden: <the API server's own message>`` on one line."""
-    text = f"{exc.status} {exc.reason}"
-    try:
-        status = json.loads(exc.body) if exc.body else None
-    except (TypeError, ValueError):
-        status = None
-    message = status.get("message") if isinstance(status, Mapping) else None
-    if isinstance(message, str) and message:
-        text += f": {message}"
-    return " ".join(text.split())
-
-
-def transport_error_text(exc: urllib3.exceptions.HTTPError) -> str:
-    reason = exc.reason if isinstance(exc, urllib3.exceptions.MaxRetryError) else exc
-    return " ".join(f"cannot reach the API server: {reason}".split())
 
 
 @dataclass(frozen=True)
@@ -178,5 +163,3 @@ def publish_ca_bundle(api: k8s_client.ApiClient, name: str, bundle: bytes) -> li
         return inject_ca_bundle(api, name, bundle)
     except InjectError as exc:
         raise SyncError(str(exc)) from exc
-    except urllib3.exceptions.HTTPError as exc:
-        raise SyncError(f"webhook configurations {name}: {transport_error_text(exc)}") from exc

@@ -10,8 +10,13 @@ import urllib3
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-HTTP_NOT_FOUND = 404
-HTTP_CONFLICT = 409
+from gpuwarden.kube.errors import (
+    HTTP_CONFLICT,
+    HTTP_NOT_FOUND,
+    api_error_text,
+    transport_error_text,
+)
+
 DEFAULT_TIMEOUT = 10.0
 _ATTEMPTS = 5
 
@@ -32,9 +37,6 @@ def _error(
     kind: str, name: str, doing: str, exc: ApiException | urllib3.exceptions.HTTPError
 ) -> InjectError:
     """The one-line errors of ``certs sync``: the API server's message, or why it is unreachable."""
-    # certsync imports this module, so its helpers are imported when first needed.
-    from gpuwarden.kube.certsync import api_error_text, transport_error_text
-
     if isinstance(exc, ApiException):
         return InjectError(f"{kind} {name}: cannot {doing}: {api_error_text(exc)}")
     return InjectError(f"{kind} {name}: {transport_error_text(exc)}")
