@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
+
+import orjson
 
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 # Warnings are shorter than this (the issue's "under 120 characters each").
@@ -63,8 +64,9 @@ class Decision:
     rule: str | None = None
 
     def patch_bytes(self) -> bytes:
-        """The JSON Patch exactly as both the webhook and `gpuwarden apply -o patch` emit it."""
-        return json.dumps(list(self.patch), separators=(",", ":"), sort_keys=True).encode()
+        """The JSON Patch exactly as both the webhook and `gpuwarden apply -o patch` emit it:
+        compact, keys sorted, UTF-8."""
+        return orjson.dumps(self.patch, option=orjson.OPT_SORT_KEYS)
 
     @property
     def verdict(self) -> str:

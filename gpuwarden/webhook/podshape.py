@@ -45,79 +45,69 @@ def _fail(path: str, wanted: str, value: Any) -> ShapeError:
     return ShapeError(f"{path} must be {wanted}, not {_type(value)}")
 
 
-def _object(value: Any, path: str) -> Mapping[str, Any] | None:
+# The hot path: JSON decodes objects to dicts, so plain ``dict`` checks (not the Mapping ABC),
+# and a field's path is formatted only for an error.
+_QUANTITY_TYPES = (str, int, float)
+
+
+def _string_map(value: Any, parent: str, field: str) -> None:
     if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise _fail(path, "an object", value)
-    return value
+        return
+    if not isinstance(value, dict):
+        raise _fail(f"{parent}.{field}", "an object", value)
+    for key, item in value.items():
+        if type(item) is not str:
+            raise _fail(f"{parent}.{field}[{key!r}]", "a string", item)
 
 
-def _list(value: Any, path: str) -> list[Any]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise _fail(path, "an array", value)
-    return value
+def _quantities(value: Any, resources_path: str, section: str) -> None:
+    if not isinstance(value, dict):
+        raise _fail(f"{resources_path}.{section}", "an object", value)
+    for key, item in value.items():
+        if type(item) not in _QUANTITY_TYPES:
+            raise _fail(
+                f"{resources_path}.{section}[{key!r}]", "a quantity (string or number)", item
+            )
 
 
-def _string(value: Any, path: str) -> None:
-    if value is not None and not isinstance(value, str):
-        raise _fail(path, "a string", value)
-
-
-def _string_map(value: Any, path: str) -> None:
-    found = _object(value, path)
-    for key, item in (found or {}).items():
-        if not isinstance(item, str):
-            raise _fail(f"{path}[{key!r}]", "a string", item)
-
-
-def _quantities(value: Any, path: str) -> None:
-    found = _object(value, path)
-    for key, item in (found or {}).items():
-        if isinstance(item, bool) or not isinstance(item, str | int | float):
-            raise _fail(f"{path}[{key!r}]", "a quantity (string or number)", item)
-
-
-def _container(body: Any, path: str) -> None:
-    # The hot path: plain type checks; a path is only formatted for an error.
-    if not isinstance(body, Mapping):
-        raise _fail(path, "an object", body)
+def _container(body: Any, spec_path: str, field: str, index: int) -> None:
+    if not isinstance(body, dict):
+        raise _fail(f"{spec_path}.{field}[{index}]", "an object", body)
+    path = f"{spec_path}.{field}[{index}]"
     name = body.get("name")
-    if name is not None and not isinstance(name, str):
+    if name is not None and type(name) is not str:
         raise _fail(f"{path}.name", "a string", name)
     resources = body.get("resources")
     if resources is not None:
-        if not isinstance(resources, Mapping):
+        if not isinstance(resources, dict):
             raise _fail(f"{path}.resources", "an object", resources)
         for section in ("limits", "requests"):
             values = resources.get(section)
             if values is not None:
-                _quantities(values, f"{path}.resources.{section}")
+                _quantities(values, f"{path}.resources", section)
     env = body.get("env")
     if env is not None:
         if not isinstance(env, list):
             raise _fail(f"{path}.env", "an array", env)
         for index, item in enumerate(env):
-            if not isinstance(item, Mapping):
+            if not isinstance(item, dict):
                 raise _fail(f"{path}.env[{index}]", "an object", item)
             for key in ("name", "value"):
                 value = item.get(key)
-                if value is not None and not isinstance(value, str):
+                if value is not None and type(value) is not str:
                     raise _fail(f"{path}.env[{index}].{key}", "a string", value)
             source = item.get("valueFrom")
-            if source is not None and not isinstance(source, Mapping):
+            if source is not None and not isinstance(source, dict):
                 raise _fail(f"{path}.env[{index}].valueFrom", "an object", source)
     env_from = body.get("envFrom")
     if env_from is not None:
         if not isinstance(env_from, list):
             raise _fail(f"{path}.envFrom", "an array", env_from)
         for index, item in enumerate(env_from):
-            if not isinstance(item, Mapping):
+            if not isinstance(item, dict):
                 raise _fail(f"{path}.envFrom[{index}]", "an object", item)
     context = body.get("securityContext")
-    if context is not None and not isinstance(context, Mapping):
+    if context is not None and not isinstance(context, dict):
         raise _fail(f"{path}.securityContext", "an object", context)
     mounts = body.get("volumeMounts")
     if mounts is not None and not isinstance(mounts, list):
@@ -126,15 +116,21 @@ def _container(body: Any, path: str) -> None:
 
 def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
     """Raise ShapeError for the first field whose JSON type a Pod cannot have."""
-    metadata = _object(pod.get("metadata"), f"{path}.metadata")
+    metadata = pod.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        raise _fail(f"{path}.metadata", "an object", metadata)
     if metadata is not None:
         for key in ("name", "namespace", "generateName"):
-            _string(metadata.get(key), f"{path}.metadata.{key}")
-        _string_map(metadata.get("labels"), f"{path}.metadata.labels")
-        _string_map(metadata.get("annotations"), f"{path}.metadata.annotations")
-    spec = _object(pod.get("spec"), f"{path}.spec")
+            value = metadata.get(key)
+            if value is not None and type(value) is not str:
+                raise _fail(f"{path}.metadata.{key}", "a string", value)
+        for key in ("labels", "annotations"):
+            _string_map(metadata.get(key), path, f"metadata.{key}")
+    spec = pod.get("spec")
     if spec is None:
         return
+    if not isinstance(spec, dict):
+        raise _fail(f"{path}.spec", "an object", spec)
     for field in _CONTAINER_LISTS:
         items = spec.get(field)
         if items is None:
@@ -142,14 +138,14 @@ def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
         if not isinstance(items, list):
             raise _fail(f"{path}.spec.{field}", "an array", items)
         for index, body in enumerate(items):
-            _container(body, f"{path}.spec.{field}[{index}]")
+            _container(body, f"{path}.spec", field, index)
     for key in _SPEC_STRINGS:
         value = spec.get(key)
-        if value is not None and not isinstance(value, str):
+        if value is not None and type(value) is not str:
             raise _fail(f"{path}.spec.{key}", "a string", value)
     for key in _SPEC_BOOLS:
         value = spec.get(key)
-        if value is not None and not isinstance(value, bool):
+        if value is not None and type(value) is not bool:
             raise _fail(f"{path}.spec.{key}", "a boolean", value)
     for key in _SPEC_LISTS:
         items = spec.get(key)
@@ -158,10 +154,12 @@ def check_pod(pod: Mapping[str, Any], path: str = "request.object") -> None:
         if not isinstance(items, list):
             raise _fail(f"{path}.spec.{key}", "an array", items)
         for index, item in enumerate(items):
-            if not isinstance(item, Mapping):
+            if not isinstance(item, dict):
                 raise _fail(f"{path}.spec.{key}[{index}]", "an object", item)
-    _string_map(spec.get("nodeSelector"), f"{path}.spec.nodeSelector")
+    _string_map(spec.get("nodeSelector"), path, "spec.nodeSelector")
     priority = spec.get("priority")
-    if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
+    if priority is not None and type(priority) is not int:
         raise _fail(f"{path}.spec.priority", "an integer", priority)
-    _object(spec.get("securityContext"), f"{path}.spec.securityContext")
+    context = spec.get("securityContext")
+    if context is not None and not isinstance(context, dict):
+        raise _fail(f"{path}.spec.securityContext", "an object", context)

@@ -8,10 +8,11 @@ expects.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
+
+import orjson
 
 from gpuwarden.policy import AdmissionRequest, Decision
 from gpuwarden.policy.decision import Operation
@@ -59,7 +60,7 @@ class Review:
     def pod_name(self) -> str:
         source = self.obj if self.obj is not None else self.old_obj
         meta = source.get("metadata") if source is not None else None
-        if not isinstance(meta, Mapping):
+        if not isinstance(meta, dict):
             return ""
         name = meta.get("name")
         if isinstance(name, str) and name:
@@ -91,7 +92,7 @@ def _string(value: Any, field: str, *, required: bool = False) -> str:
 def _object(value: Any, field: str) -> Mapping[str, Any] | None:
     if value is None:
         return None
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise ReviewError(f"{field} must be an object, not a {type(value).__name__}")
     return value
 
@@ -99,7 +100,7 @@ def _object(value: Any, field: str) -> Mapping[str, Any] | None:
 def _group_kind(value: Any, field: str, name_key: str) -> tuple[str, str]:
     if value is None:
         return "", ""
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise ReviewError(f"{field} must be an object, not a {type(value).__name__}")
     return _string(value.get("group"), f"{field}.group"), _string(
         value.get(name_key), f"{field}.{name_key}"
@@ -109,10 +110,8 @@ def _group_kind(value: Any, field: str, name_key: str) -> tuple[str, str]:
 def decode(body: bytes) -> Review:
     """Parse and check an AdmissionReview request body."""
     try:
-        data = json.loads(body)
-    except RecursionError:
-        raise ReviewError("malformed JSON: nested too deeply") from None
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
         raise ReviewError(f"malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ReviewError(f"expected an AdmissionReview object, got a JSON {type(data).__name__}")
@@ -123,7 +122,7 @@ def decode(body: bytes) -> Review:
             f"got kind {kind!r} apiVersion {api_version!r}"
         )
     request = data.get("request")
-    if not isinstance(request, Mapping):
+    if not isinstance(request, dict):
         raise ReviewError("request is missing or not an object")
     uid = request.get("uid")
     if not isinstance(uid, str) or not uid:
@@ -145,7 +144,7 @@ def decode(body: bytes) -> Review:
     namespace = _string(request.get("namespace"), "request.namespace")
     if not namespace and obj is not None:
         meta = obj.get("metadata")
-        if isinstance(meta, Mapping) and isinstance(meta.get("namespace"), str):
+        if isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
             namespace = meta["namespace"]
     return Review(
         api_version=str(api_version),
@@ -164,6 +163,11 @@ def decode(body: bytes) -> Review:
 
 def _reason(decision: Decision) -> str:
     return decision.reason if decision.reason in _STATUS_REASONS else "Forbidden"
+
+
+def encode_bytes(review: Review, decision: Decision, *, mutating: bool) -> bytes:
+    """The response body: :func:`encode`'s AdmissionReview as compact JSON."""
+    return orjson.dumps(encode(review, decision, mutating=mutating))
 
 
 def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, Any]:

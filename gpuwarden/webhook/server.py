@@ -189,6 +189,7 @@ class WebhookServer:
             await runner.cleanup()
         self._runners.clear()
         if self.context is not None:
+            self.context.admission_log.flush()
             self.context.cluster.stop()
             self.context.executor.shutdown(wait=False, cancel_futures=True)
 

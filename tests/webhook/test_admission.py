@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import datetime
 import io
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +231,7 @@ async def test_the_json_line_on_the_configured_stream(
         "allowed",
     )
     assert entry["dry_run"] is True and entry["duration_ms"] > 0
+    # The same timestamp format as every other log line: ISO 8601, milliseconds, UTC.
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", entry["ts"])
+    written = datetime.datetime.fromisoformat(entry["ts"])
+    assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 60

@@ -13,6 +13,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,6 +99,12 @@ async def wait_refused(port: int, timeout: float = 10) -> None:
         await asyncio.sleep(0.02)
 
 
+def admission_lines(log: str) -> list[dict[str, Any]]:
+    """The one-per-admission JSON lines of a server's log."""
+    entries = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    return [entry for entry in entries if entry.get("msg") == "admission"]
+
+
 @pytest.fixture
 def served(workdir: Workdir) -> Iterator[list[Served]]:
     started: list[Served] = []
@@ -141,7 +148,7 @@ async def test_sigterm_answers_every_request_in_flight(
     assert code == 0, server.log.read_text()
     log = server.log.read_text()
     assert "stopping: finishing in-flight requests" in log
-    assert log.count('"msg": "admission"') == 9
+    assert len(admission_lines(log)) == 9
 
 
 async def test_workers_share_the_port(workdir: Workdir, served: list[Served]) -> None:
@@ -161,9 +168,7 @@ async def test_workers_share_the_port(workdir: Workdir, served: list[Served]) ->
         assert status == 200
         total += 1
         await conn.close()
-        for line in server.log.read_text().splitlines():
-            if '"msg": "admission"' in line:
-                pids.add(json.loads(line)["worker"])
+        pids |= {entry["worker"] for entry in admission_lines(server.log.read_text())}
     text = server.metrics()
     counted = [
         line
