@@ -37,6 +37,24 @@ class MatchResult:
     reason: str
 
 
+# The workload kind each kind-bound matcher wants: a pod of another kind can skip match().
+_KINDS: dict[type, str] = {
+    KfpStepMatch: "kfp-step",
+    KfpSystemMatch: "kfp-system",
+    TrainingJobMatch: "training-job",
+    TrainJobMatch: "trainjob",
+    KatibTrialMatch: "katib-trial",
+    NotebookMatch: "notebook",
+    KservePredictorMatch: "kserve-predictor",
+}
+
+
+def may_match(rule: Matcher, facts: PodFacts) -> bool:
+    """False when ``match`` certainly fails: the rule is bound to another workload kind."""
+    kind = _KINDS.get(type(rule))
+    return kind is None or (facts.workload is not None and facts.workload.kind == kind)
+
+
 def _kind_is(facts: PodFacts, kind: str) -> MatchResult | None:
     """None when the workload is of ``kind``; otherwise the reason it is not."""
     if facts.workload is None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +11,7 @@ from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.patch import PatchBuilder
 from gpuwarden.policy.placement import Placement, place
-from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.quantity import (
     QuantityError,
     format_bytes,
@@ -55,23 +54,16 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
-def _set_resources(
-    patch: PatchBuilder, ref: ContainerRef, wanted: Mapping[str, str], profile: ResolvedProfile
-) -> None:
+def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant) -> None:
     base = [*ref.path, "resources"]
-    for section in ("limits", "requests"):
-        current = patch.get([*base, section])
+    for section, values in (("limits", grant.limits), ("requests", grant.requests)):
+        path = [*base, section]
+        current = patch.get(path)
         if isinstance(current, dict):
-            for name in sorted(current):
-                if is_gpu_resource(str(name)) and name not in wanted:
-                    patch.remove([*base, section, name])
-        # Extended resources cannot be overcommitted: request and limit are always equal.
-        values = dict(wanted)
-        if profile.host_memory is not None:
-            values["memory"] = profile.host_memory
-        if section == "requests" and profile.cpu is not None:
-            values["cpu"] = profile.cpu
-        patch.merge([*base, section], values)
+            stale = [n for n in current if n not in values and is_gpu_resource(str(n))]
+            for name in sorted(stale):
+                patch.remove([*path, name])
+        patch.merge(path, values)
 
 
 # The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.
@@ -141,10 +133,9 @@ def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: Cluste
     )
 
 
-def _set_placement(patch: PatchBuilder, profile: ResolvedProfile) -> None:
-    patch.merge(["spec", "nodeSelector"], dict(sorted(profile.node_selector.items())))
-    for toleration in profile.tolerations:
-        wanted = toleration.model_dump(by_alias=True, exclude_none=True)
+def _set_placement(patch: PatchBuilder, grant: Grant) -> None:
+    patch.merge(["spec", "nodeSelector"], grant.node_selector)
+    for wanted in grant.tolerations:
         current = patch.get(["spec", "tolerations"])
         if not isinstance(current, list) or wanted not in current:
             patch.append(["spec", "tolerations"], wanted)
@@ -183,33 +174,44 @@ def apply_placement(
 ) -> tuple[PatchBuilder, list[str]]:
     """Apply a governed placement to a copy of the pod; returns the builder (its document is
     the mutated pod) and notes for the warnings."""
-    profile = placement.profile
-    assert profile is not None
-    backend_plan = plan(placement)
+    grant = placement.grant
+    assert grant is not None
+    profile = grant.profile
+    backend_plan = grant.plan
     patch = PatchBuilder(pod)
     notes: list[str] = []
-    targets = set(placement.containers)
+    targets = placement.containers
+    env = backend_plan.env if backend_plan is not None else {}
     for ref in containers(pod, "containers"):
         if ref.name not in targets:
             continue
-        _set_resources(patch, ref, backend_plan.resources if backend_plan else {}, profile)
-        _set_env(patch, ref, backend_plan.env if backend_plan is not None else {}, notes)
+        _set_resources(patch, ref, grant)
+        _set_env(patch, ref, env, notes)
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
     wanted = desired_annotations(placement)
     patch.merge(["metadata", "annotations"], wanted)
-    for key in _CONDITIONAL_ANNOTATIONS:
-        if key not in wanted:
-            patch.remove(["metadata", "annotations", key])
+    patch.discard(
+        ["metadata", "annotations"], [key for key in _CONDITIONAL_ANNOTATIONS if key not in wanted]
+    )
     _set_priority(patch, profile, cluster)
-    _set_placement(patch, profile)
+    _set_placement(patch, grant)
     return patch, notes
 
 
-def context_of(placement: Placement) -> Decision:
-    """An allowed, empty decision that names the tenant, profile and rule (for logs and metrics)."""
+def context_of(
+    placement: Placement,
+    *,
+    patch: tuple[Mapping[str, Any], ...] = (),
+    warnings: tuple[str, ...] = (),
+    audit_annotations: Mapping[str, str] | None = None,
+) -> Decision:
+    """An allowed decision that names the tenant, profile and rule (for logs and metrics)."""
     return Decision(
+        patch=patch,
+        warnings=warnings,
+        audit_annotations=audit_annotations or {},
         tenant=placement.tenant.name if placement.tenant else None,
         profile=placement.profile.name if placement.profile else None,
         rule=placement.origin,
@@ -228,22 +230,23 @@ def mutate_pod(
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
         return Decision(), pod
     placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
-    base = context_of(placement)
     if placement.problems:
-        return replace(
-            base, warnings=tuple(warning(f"gpuwarden: {p}") for p in placement.problems)
-        ), pod
+        warnings = tuple(warning(f"gpuwarden: {p}") for p in placement.problems)
+        return context_of(placement, warnings=warnings), pod
     if not placement.governed:
-        return base, pod
+        return context_of(placement), pod
     patch, notes = apply_placement(pod, placement, cluster)
     if not patch.ops:
-        return base, pod
+        return context_of(placement), pod
     lines = _summary(placement, plan(placement)) + [f"gpuwarden: {note}" for note in notes]
-    audit = {"profile": str(base.profile), "rule": placement.origin}
+    audit = {
+        "profile": str(placement.profile.name if placement.profile else None),
+        "rule": placement.origin,
+    }
     if placement.tenant is not None:
         audit["tenant"] = placement.tenant.name
-    decision = replace(
-        base,
+    decision = context_of(
+        placement,
         patch=tuple(patch.ops),
         warnings=tuple(warning(line) for line in lines),
         audit_annotations=audit,

@@ -10,7 +10,7 @@ modified), which keeps a decision cheap on large pods.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 JsonPatch = list[dict[str, Any]]
@@ -23,8 +23,11 @@ def escape(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _clone(value: Any) -> Any:
-    if value is None or isinstance(value, str | int | float | bool):
+    if type(value) in _SCALARS:
         return value
     return copy.deepcopy(value)
 
@@ -37,7 +40,7 @@ def _can_hold(node: Any, part: str | int) -> bool:
 
 
 def pointer(path: Sequence[str | int]) -> str:
-    return "".join(f"/{escape(str(part))}" for part in path)
+    return "".join(["/" + escape(str(part)) for part in path])
 
 
 class PatchBuilder:
@@ -138,15 +141,34 @@ class PatchBuilder:
         if not isinstance(current, dict):
             self.set(path, dict(values))
             return
-        changed = [(k, v) for k, v in values.items() if k not in current or current[k] != v]
+        changed = [k for k, v in values.items() if k not in current or current[k] != v]
         if not changed:
             return
         base = self._writable(path)
-        prefix = pointer(path)
-        for key, value in changed:
+        prefix = pointer(path) + "/"
+        ops = self.ops
+        for key in changed:
+            value = values[key]
             op = "replace" if key in base else "add"
-            base[key] = _clone(value)
-            self.ops.append({"op": op, "path": f"{prefix}/{escape(key)}", "value": _clone(value)})
+            if type(value) in _SCALARS:
+                base[key] = value
+            else:
+                base[key], value = _clone(value), _clone(value)
+            ops.append({"op": op, "path": prefix + escape(key), "value": value})
+
+    def discard(self, path: Sequence[str | int], keys: Iterable[str]) -> None:
+        """Remove these keys from the map at ``path``, where they are present."""
+        current = self.get(path)
+        if not isinstance(current, dict):
+            return
+        present = [key for key in keys if key in current]
+        if not present:
+            return
+        base = self._writable(path)
+        prefix = pointer(path) + "/"
+        for key in present:
+            del base[key]
+            self.ops.append({"op": "remove", "path": prefix + escape(key)})
 
     def remove(self, path: Sequence[str | int]) -> None:
         """Remove ``path`` if it exists."""

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.matchers import MatchResult, PodFacts, match
-from gpuwarden.policy.model import Tenant, WorkloadRule
+from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
+from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
 from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import (
@@ -33,9 +33,22 @@ class Placement:
     profile: ResolvedProfile | None
     containers: tuple[str, ...]
     problems: tuple[str, ...]
-    trace: tuple[tuple[str, MatchResult], ...]
     tenant_reason: str
     grant: Grant | None = None
+    # The rules tried, in order, and what they saw: `trace` re-runs them for `explain`, so
+    # admission never formats the reasons of rules that did not match.
+    rules_tried: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
+    facts: PodFacts | None = None
+    asks_for_gpu: bool = False
+
+    @property
+    def trace(self) -> tuple[tuple[str, MatchResult], ...]:
+        """Each rule tried and why it matched or not, in order."""
+        if self.facts is None:
+            return ()
+        return tuple(
+            (rule.name, _judge(rule, self.facts, self.asks_for_gpu)) for rule, _ in self.rules_tried
+        )
 
     @property
     def governed(self) -> bool:
@@ -47,6 +60,13 @@ class Placement:
         if self.source == "rule" and self.rule is not None:
             return f"rule/{self.rule.name}"
         return self.source
+
+
+def _judge(rule: WorkloadRule, facts: PodFacts, asks_for_gpu: bool) -> MatchResult:
+    result = match(rule.match, facts)
+    if result.matched and rule.require_gpu_request and not asks_for_gpu:
+        return MatchResult(False, f"{result.reason}, but it asks for no GPU")
+    return result
 
 
 def _tenant(
@@ -67,12 +87,13 @@ def target_containers(
 ) -> tuple[str, ...]:
     """The containers that get the GPU: the rule's list, else the workload's main container, else
     those already asking for a GPU, else the first container that is not a known sidecar."""
-    names = [ref.name for ref in containers(pod, "containers")]
+    refs = list(containers(pod, "containers"))
+    names = [ref.name for ref in refs]
     if rule is not None and rule.containers:
         return tuple(name for name in rule.containers if name in names)
     if workload is not None and workload.container in names:
         return (workload.container,)
-    asking = tuple(ref.name for ref in containers(pod, "containers") if ref.gpu_resources())
+    asking = tuple(ref.name for ref in refs if ref.asks_for_gpu())
     if asking:
         return asking
     if profile is not None and profile.gpus == 0:
@@ -122,12 +143,14 @@ def place(
     workload = identify(pod, labels, annotations)
     facts = PodFacts(namespace, namespace_labels, labels, annotations, workload)
 
+    asks_for_gpu = requests_gpu(pod)
+
     def placed(
         source: Source,
         rule: WorkloadRule | None,
         profile_name: str | None,
         problems: tuple[str, ...] = (),
-        trace: tuple[tuple[str, MatchResult], ...] = (),
+        tried: int = 0,
     ) -> Placement:
         grant = policies.grant(profile_name, tenant) if profile_name else None
         profile = grant.profile if grant is not None else None
@@ -135,7 +158,18 @@ def place(
         if profile is not None and not chosen:
             problems += ("no container to give the GPU to (check the rule's containers)",)
         return Placement(
-            source, tenant, workload, rule, profile, chosen, problems, trace, tenant_reason, grant
+            source,
+            tenant,
+            workload,
+            rule,
+            profile,
+            chosen,
+            problems,
+            tenant_reason,
+            grant,
+            rules_tried=policies.rules[:tried],
+            facts=facts,
+            asks_for_gpu=asks_for_gpu,
         )
 
     requested = labels.get(keys.PROFILE_LABEL)
@@ -143,17 +177,13 @@ def place(
         profile_name, problem = _label_profile(policies, tenant, requested)
         return placed("label", None, profile_name, (problem,) if problem else ())
 
-    trace: list[tuple[str, MatchResult]] = []
-    asks_for_gpu = requests_gpu(pod)
-    for rule, _policy in policies.rules:
-        result = match(rule.match, facts)
-        if result.matched and rule.require_gpu_request and not asks_for_gpu:
-            result = MatchResult(False, f"{result.reason}, but it asks for no GPU")
-        trace.append((rule.name, result))
-        if result.matched:
-            if rule.skip:
-                return placed("skip", rule, None, trace=tuple(trace))
-            return placed("rule", rule, rule.profile, trace=tuple(trace))
+    for index, (rule, _policy) in enumerate(policies.rules):
+        if not may_match(rule.match, facts) or not _judge(rule, facts, asks_for_gpu).matched:
+            continue
+        if rule.skip:
+            return placed("skip", rule, None, tried=index + 1)
+        return placed("rule", rule, rule.profile, tried=index + 1)
+    tried = len(policies.rules)
     if policies.default_profile and asks_for_gpu:
-        return placed("default", None, policies.default_profile, trace=tuple(trace))
-    return placed("none", None, None, trace=tuple(trace))
+        return placed("default", None, policies.default_profile, tried=tried)
+    return placed("none", None, None, tried=tried)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from pydantic.alias_generators import to_camel
 
@@ -22,6 +23,12 @@ class Grant:
     profile: ResolvedProfile
     plan: BackendPlan | None  # None for a profile that gives no GPU
     annotations: Mapping[str, str]  # the decision annotations that depend on nothing else
+    # A target container's resources.limits and resources.requests entries (request == limit
+    # for extended resources, which cannot be overcommitted).
+    limits: Mapping[str, str] = field(default_factory=dict)
+    requests: Mapping[str, str] = field(default_factory=dict)
+    node_selector: Mapping[str, str] = field(default_factory=dict)  # sorted by key
+    tolerations: tuple[Mapping[str, Any], ...] = ()  # as the pod spec writes them
 
 
 def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
@@ -30,7 +37,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_TENANT] = tenant.name
     if profile.gpus == 0:
         out[keys.ANNOTATION_GPU_COUNT] = "0"
-        return Grant(profile, None, out)
+        return _with_pod_fields(Grant(profile, None, out))
     plan = plan_for(profile, queue=tenant.queue if tenant is not None else None)
     out |= {
         keys.ANNOTATION_BACKEND: profile.backend.type,
@@ -45,7 +52,26 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_OVERCOMMIT_RATIO] = f"{profile.overcommit_ratio:g}"
     if profile.thread_percentage is not None:
         out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
-    return Grant(profile, plan, out | dict(plan.annotations))
+    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations)))
+
+
+def _with_pod_fields(grant: Grant) -> Grant:
+    profile = grant.profile
+    limits = dict(grant.plan.resources) if grant.plan is not None else {}
+    if profile.host_memory is not None:
+        limits["memory"] = profile.host_memory
+    requests = dict(limits)
+    if profile.cpu is not None:
+        requests["cpu"] = profile.cpu
+    return replace(
+        grant,
+        limits=limits,
+        requests=requests,
+        node_selector=dict(sorted(profile.node_selector.items())),
+        tolerations=tuple(
+            t.model_dump(by_alias=True, exclude_none=True) for t in profile.tolerations
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,13 @@ class QuantityError(ValueError):
 
 def parse_quantity(value: object) -> Decimal:
     """Parse a quantity (``1Gi``, ``1G``, ``1e3``, ``0.5``, ``500m``, or a plain number) to a Decimal."""
+    if type(value) is str and value.isascii():
+        # The common forms, "4" and "16Gi", without the regular expression.
+        digits, unit = (value, 1) if value.isdigit() else (value[:-2], _BINARY.get(value[-2:]))
+        if unit is not None and 0 < len(digits) <= 12 and digits.isdigit():
+            amount = int(digits) * unit
+            if amount < _MAX_MAGNITUDE:
+                return Decimal(amount)
     if isinstance(value, bool):
         raise QuantityError(f"quantity must be a string or number, not {value!r}")
     if isinstance(value, int):

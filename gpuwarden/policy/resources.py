@@ -70,6 +70,17 @@ class ContainerRef(NamedTuple):
         found.update({k: v for k, v in self.resources("limits").items() if is_gpu_resource(str(k))})
         return found
 
+    def asks_for_gpu(self) -> bool:
+        """Whether gpu_resources() is non-empty, without building it."""
+        resources = self.body.get("resources")
+        if not isinstance(resources, dict):
+            return False
+        for kind in ("limits", "requests"):
+            section = resources.get(kind)
+            if isinstance(section, dict) and any(is_gpu_resource(str(k)) for k in section):
+                return True
+        return False
+
     def env(self) -> list[Mapping[str, Any]]:
         env = self.body.get("env")
         return [e for e in env if isinstance(e, dict)] if isinstance(env, list) else []
@@ -114,4 +125,4 @@ def containers(pod: Mapping[str, Any], *fields: str) -> Iterator[ContainerRef]:
 
 
 def requests_gpu(pod: Mapping[str, Any]) -> bool:
-    return any(ref.gpu_resources() for ref in containers(pod))
+    return any(ref.asks_for_gpu() for ref in containers(pod))

@@ -286,7 +286,7 @@ def _scheduling_violations(
     for ref in containers(pod):
         if ref.field == "containers" and ref.name in targets:
             continue
-        if ref.gpu_resources():
+        if ref.asks_for_gpu():
             yield Violation(
                 "scheduling",
                 "PolicyMismatch",

@@ -5,6 +5,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwarden.policy.quantity import (
     QuantityError,
@@ -153,3 +155,17 @@ def test_mebibytes_round_up() -> None:
     assert to_mebibytes(0) == 0
     assert format_mebibytes(16 * GI / Decimal("1.5")) == "10923Mi"
     assert format_mebibytes(8 * GI) == "8Gi"
+
+
+@given(
+    digits=st.text(alphabet="0123456789", min_size=1, max_size=14),
+    suffix=st.sampled_from(["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]),
+)
+def test_whole_numbers_with_binary_suffixes_parse_exactly(digits: str, suffix: str) -> None:
+    """The common forms ("4", "16Gi") take a short cut; it agrees with the full grammar."""
+    exact = int(digits) * 2 ** (10 * ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"].index(suffix))
+    if exact >= 2**63:
+        with pytest.raises(QuantityError, match="out of range"):
+            parse_quantity(digits + suffix)
+    else:
+        assert parse_quantity(digits + suffix) == exact
