@@ -8,7 +8,9 @@ The baseline parses the review and answers "allowed": the stack's floor on this 
 * fixed offered loads (open loop: requests are sent on schedule and latency counts from the
   scheduled time, so a slow server cannot hide its queue), then the maximum sustained
   throughput (closed loop, many connections), for both servers, then `--workers 2`;
-* wrk (Debian package) measures the maximum throughput too, when installed.
+* wrk (Debian package) measures the maximum throughput too, when installed;
+* gpuwarden with every decision precomputed (looked up by request uid) splits gpuwarden's time
+  per request into its stack (decoding, encoding, metrics, the log line) and its deciding.
 
 Run: `python bench/load.py` (about 1-2 minutes); `--quick` for a shorter run.
 """
@@ -83,6 +85,48 @@ def baseline_server(port: int, cert: str, key: str) -> None:
         [web.post("/mutate", handle), web.post("/validate", handle), web.get("/healthz", healthz)]
     )
     web.run_app(app, host="127.0.0.1", port=port, ssl_context=ctx, access_log=None, print=None)
+
+
+def precomputed_server(port: int, cert: str, key: str) -> None:
+    """`gpuwarden serve` as the benchmark runs it, except that each distinct review's decision is
+    computed once (by the same policy core) and then looked up: gpuwarden's own stack (decoding,
+    the pod-shape check, encoding, metrics, the log line) without the per-request policy work.
+    """
+    from gpuwarden.policy import Decision
+    from gpuwarden.webhook import logs
+    from gpuwarden.webhook.decide import Endpoint, decide
+    from gpuwarden.webhook.review import Review
+    from gpuwarden.webhook.server import ServeConfig, WebhookServer
+
+    class Precomputed(WebhookServer):
+        async def start(self) -> None:
+            await super().start()
+            context = self.context
+            assert context is not None
+            decisions: dict[tuple[Endpoint, str], Decision] = {}
+
+            def evaluate(endpoint: Endpoint, review: Review) -> Decision:
+                key = (endpoint, review.uid)
+                if key not in decisions:
+                    state = context.reloader.state
+                    decisions[key] = decide(
+                        endpoint, review, state.policies, context.cluster.view()
+                    )
+                return decisions[key]
+
+            context.evaluate = evaluate
+
+    logs.configure("info")
+    config = ServeConfig(
+        policies=(ROOT / "policies",),
+        host="127.0.0.1",
+        port=port,
+        metrics_port=None,
+        tls_cert=Path(cert),
+        tls_key=Path(key),
+        namespaces_file=ROOT / "examples" / "namespaces.yaml",
+    )
+    asyncio.run(Precomputed(config).run())
 
 
 # --- the client ------------------------------------------------------------------------------
@@ -383,13 +427,18 @@ async def measure(
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter phases")
-    parser.add_argument(
-        "--baseline-server", nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS
-    )
+    for hidden in ("--baseline-server", "--precomputed-server"):
+        parser.add_argument(
+            hidden, nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS
+        )
     args = parser.parse_args()
     if args.baseline_server:
         port, cert, key = args.baseline_server
         baseline_server(int(port), cert, key)
+        return 0
+    if args.precomputed_server:
+        port, cert, key = args.precomputed_server
+        precomputed_server(int(port), cert, key)
         return 0
     seconds, max_seconds, wrk_seconds = (1.5, 2.0, 2) if args.quick else (3.0, 4.0, 4)
     rates = [250, 500, 1000, 2000]
@@ -434,6 +483,20 @@ def main() -> int:
             )
             wrk["gpuwarden"] = wrk_max(port, requests[0], wrk_seconds, 32)
         port = free_port()
+        with started(
+            [py, __file__, "--precomputed-server", str(port), cert, key],
+            port,
+            ctx,
+            server_cpus,
+            work / "precomputed.log",
+        ):
+            asyncio.run(closed_loop(port, ctx, requests, 8, 0.5, "warmup"))
+            table.append(
+                asyncio.run(
+                    closed_loop(port, ctx, requests, 32, max_seconds, "decisions precomputed")
+                )
+            )
+        port = free_port()
         with started(gpuwarden(port, 2), port, ctx, None, work / "gpuwarden2.log"):
             asyncio.run(closed_loop(port, ctx, requests, 8, 0.5, "warmup"))
             table.append(
@@ -455,6 +518,7 @@ def main() -> int:
     base = next(r for r in table if r.offered is None and r.label.startswith("baseline"))
     ours = next(r for r in table if r.offered is None and r.label.startswith("gpuwarden (1"))
     two = table[-1]
+    precomputed = next(r for r in table if r.label == "decisions precomputed")
     at_target = next(
         r for r in table if r.label.startswith("gpuwarden (1") and r.offered == TARGET_RATE
     )
@@ -466,6 +530,13 @@ def main() -> int:
     )
     print(
         f"p99 at {TARGET_RATE} req/s: {at_target.pct(0.99):.2f} ms (target <= {TARGET_P99_MS} ms)"
+    )
+    # One core saturated: its time per request is the inverse of the rate.
+    floor, stack, full = (1e6 / r.rate for r in (base, precomputed, ours))
+    print(
+        f"server core time per request: baseline {floor:.0f} us; gpuwarden with its decisions "
+        f"precomputed {stack:.0f} us (ratio {precomputed.rate / base.rate:.2f}); gpuwarden "
+        f"{full:.0f} us, so deciding (pod-shape check and policy core) takes {full - stack:.0f} us"
     )
     print(
         f"--workers 2: {two.rate:.0f} req/s, {two.rate / ours.rate:.2f}x one worker "

@@ -27,8 +27,14 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _clone(value: Any) -> Any:
-    if type(value) in _SCALARS:
+    """A deep copy of JSON data (much cheaper than copy.deepcopy, which keeps a memo)."""
+    kind = type(value)
+    if kind in _SCALARS:
         return value
+    if kind is dict:
+        return {key: _clone(item) for key, item in value.items()}
+    if kind is list:
+        return [_clone(item) for item in value]
     return copy.deepcopy(value)
 
 
@@ -74,11 +80,13 @@ class PatchBuilder:
         return node
 
     def get(self, path: Sequence[str | int]) -> Any:
+        """The value at ``path``, or None where it is absent (or a parent is not a container)."""
         node: Any = self.document
         for part in path:
-            if isinstance(node, dict) and isinstance(part, str) and part in node:
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            kind = type(node)
+            if kind is dict and type(part) is str:
+                node = node.get(part)
+            elif kind is list and type(part) is int and 0 <= part < len(node):
                 node = node[part]
             else:
                 return None
