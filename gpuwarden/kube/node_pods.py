@@ -108,8 +108,7 @@ class NodeCluster:
             reporting_component=REPORTING_CONTROLLER,
             reporting_instance=self.node_name,
         )
-        response: Any = self.core.create_namespaced_event(namespace, body, _preload_content=False)
-        response.release_conn()
+        _finish(self.core.create_namespaced_event(namespace, body, _preload_content=False))
 
     def pod_event(
         self, namespace: str, name: str, uid: str, reason: str, message: str, type_: str
@@ -149,5 +148,13 @@ class NodeCluster:
             if exc.status == 409:
                 return "the pod was replaced by another with the same name; not evicted"
             raise
-        response.release_conn()
+        _finish(response)
         return f"evicted (HTTP {response.status})"
+
+
+def _finish(response: Any) -> None:
+    """Read and drop the body of an unparsed (``_preload_content=False``) response, then give
+    its connection back: a connection returned with its body unread would hand that body to
+    the next request on it as its status line."""
+    response.drain_conn()
+    response.release_conn()

@@ -131,6 +131,10 @@ def test_eviction_goes_through_the_subresource(
     # (A UID precondition that does not match is refused with 409, but only after the API server
     # has retried for about ten seconds, too slow for this suite.)
     pod = create(core, namespace, make_pod("victim", uid="-"), node)
+    # As the agent does: Events first, then the eviction, on the same client's connections
+    # (an Event's unread response body once came back as the eviction's status line).
+    for n in range(3):
+        cluster.pod_event(namespace, "victim", pod["metadata"]["uid"], "Test", f"#{n}", "Normal")
     assert cluster.evict(namespace, "victim", pod["metadata"]["uid"]) == "evicted (HTTP 201)"
     # no kubelet confirms the deletion: the pod stays, terminating
     evicted = core.read_namespaced_pod("victim", namespace)
