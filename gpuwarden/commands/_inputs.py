@@ -12,7 +12,14 @@ from typing import Any, cast
 
 import yaml
 
-from gpuwarden.policy import AdmissionRequest, ClusterView, PolicyError, PolicySet, load_paths
+from gpuwarden.policy import (
+    AdmissionRequest,
+    ClusterView,
+    PolicyError,
+    PolicySet,
+    load_paths,
+    manifests,
+)
 from gpuwarden.policy.decision import Operation
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -77,30 +84,16 @@ def read_documents(source: str) -> list[Any]:
         raise InputError(f"{source}: invalid YAML: {where}{getattr(exc, 'problem', exc)}") from None
 
 
-def load_namespaces(source: str | None) -> dict[str, Mapping[str, str]]:
-    """Namespace labels from a file of Namespace manifests (or a v1 List of them)."""
-    if source is None:
-        return {}
-    out: dict[str, Mapping[str, str]] = {}
-    for index, doc in enumerate(read_documents(source), start=1):
-        items = (
-            doc.get("items") if isinstance(doc, Mapping) and doc.get("kind") == "List" else [doc]
-        )
-        for item in items if isinstance(items, list) else []:
-            if not isinstance(item, Mapping) or item.get("kind") != "Namespace":
-                raise InputError(f"{source}: document {index}: expected a Namespace manifest")
-            meta = item.get("metadata")
-            if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
-                raise InputError(f"{source}: document {index}: metadata.name is missing")
-            labels = meta.get("labels") or {}
-            if not isinstance(labels, Mapping):
-                raise InputError(f"{source}: document {index}: metadata.labels must be a map")
-            out[meta["name"]] = {str(k): str(v) for k, v in labels.items()}
-    return out
-
-
-def cluster_view(namespaces: Mapping[str, Mapping[str, str]]) -> ClusterView:
-    return ClusterView(namespace_labels=namespaces)
+def load_cluster(sources: Sequence[str]) -> ClusterView:
+    """The cluster that files of Namespace, PriorityClass and ConfigMap manifests describe (the
+    same reading as ``gpuwarden serve --namespaces FILE``); no files, an empty cluster."""
+    views = []
+    for source in sources:
+        try:
+            views.append(manifests.cluster_view(read_documents(source), source))
+        except manifests.ManifestError as exc:
+            raise InputError(str(exc)) from None
+    return manifests.merged(views)
 
 
 def _pod_request(doc: Mapping[str, Any], source: str, namespace: str | None) -> AdmissionRequest:
@@ -175,7 +168,11 @@ def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FI
         "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
     )
     parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
-    parser.add_argument("--namespaces", metavar="FILE", help="Namespace manifests (labels)")
+    parser.add_argument(
+        "--namespaces",
+        metavar="FILE",
+        help="Namespace, PriorityClass and ConfigMap manifests, as kubectl get -o yaml writes them",
+    )
     parser.add_argument("--namespace", "-n", metavar="NS", help="Namespace for every pod")
 
 
@@ -185,7 +182,7 @@ def load_dry_run(args: argparse.Namespace) -> DryRun | None:
     if policies is None:
         return None
     try:
-        cluster = cluster_view(load_namespaces(args.namespaces))
+        cluster = load_cluster([args.namespaces] if args.namespaces else [])
         pods = read_pods(args.files, args.namespace)
     except InputError as exc:
         eprint(f"error: {exc}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gpuwarden.certs.material import LOCAL_NAMES, serving_names
 from gpuwarden.kube.client import KubeConfigError
-from gpuwarden.kube.cluster import ManifestError
+from gpuwarden.policy.manifests import ManifestError
 from gpuwarden.webhook import logs
 from gpuwarden.webhook.app import DEFAULT_MAX_BODY, Settings
 from gpuwarden.webhook.server import ServeConfig, ServeError, serve
@@ -61,7 +61,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--namespaces",
         type=Path,
         metavar="FILE",
-        help="Namespace (and PriorityClass) manifests; run without a cluster",
+        help="Namespace, PriorityClass and ConfigMap manifests; run without a cluster",
     )
     cluster.add_argument(
         "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"

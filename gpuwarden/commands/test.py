@@ -32,8 +32,7 @@ from typing import Any
 
 from gpuwarden.commands._inputs import (
     InputError,
-    cluster_view,
-    load_namespaces,
+    load_cluster,
     read_documents,
     read_pods,
 )
@@ -153,10 +152,11 @@ def _run_suite(file: Path) -> list[Row]:
             policies = load_paths([base / p for p in _as_list(doc.get("policies"))])
         except PolicyError as exc:
             return [Row(suite, "load policies", False, str(exc))]
-        namespaces: dict[str, Mapping[str, str]] = {}
-        for ns_file in _as_list(doc.get("namespaces")):
-            namespaces |= load_namespaces(str(base / ns_file))
-        ctx = {"policies": policies, "cluster": cluster_view(namespaces)}
+        try:
+            cluster = load_cluster([str(base / f) for f in _as_list(doc.get("namespaces"))])
+        except InputError as exc:
+            return [Row(suite, "load namespaces", False, str(exc))]
+        ctx = {"policies": policies, "cluster": cluster}
         results = doc.get("results") or []
         if not isinstance(results, list):
             rows.append(Row(suite, "read suite", False, "results must be a list"))

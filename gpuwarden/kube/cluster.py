@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,8 +45,14 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
-from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory
+from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory, manifests
 from gpuwarden.policy.keys import ANNOTATION_TENANT
+from gpuwarden.policy.manifests import (
+    ManifestError,
+    config_map_keys,
+    namespace_labels,
+    priority_class,
+)
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -78,19 +83,6 @@ class ClusterSource(Protocol):
     def start(self) -> None: ...
 
     def stop(self) -> None: ...
-
-
-def namespace_labels(obj: Obj) -> Mapping[str, str] | None:
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
-
-
-def priority_class(obj: Obj) -> PriorityClassInfo | None:
-    value = obj.get("value")
-    if not isinstance(value, int) or isinstance(value, bool):
-        return None
-    policy = obj.get("preemptionPolicy") or "PreemptLowerPriority"
-    return PriorityClassInfo(value=value, preemption_policy=str(policy))
 
 
 def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
@@ -146,19 +138,6 @@ class TenantMemory:
         if old is not None:
             self._add(old, -1)
             self._publish()
-
-
-def config_map_keys(obj: Obj) -> frozenset[str] | None:
-    """The names of a ConfigMap's ``data`` keys, the variables ``envFrom`` makes; never values.
-
-    ``binaryData`` is left out: the kubelet makes variables from ``data`` only. Names are
-    interned, so a key that many ConfigMaps share (``ca.crt`` of every namespace's
-    ``kube-root-ca.crt``) is stored once.
-    """
-    data = obj.get("data")
-    if not isinstance(data, Mapping):
-        return frozenset()
-    return frozenset(sys.intern(str(key)) for key in data)
 
 
 EnvSourceKey = tuple[str, str, str]
@@ -349,50 +328,15 @@ class WatchedCluster:
             informer.stop()
 
 
-class ManifestError(Exception):
-    """A manifests file that cannot be read; the message names the file and document."""
-
-
 def load_manifests(path: Path) -> ClusterView:
-    """Namespaces and PriorityClasses from YAML manifests (``List`` kinds are unpacked)."""
+    """Namespaces, PriorityClasses and ConfigMaps' key names from a file of manifests."""
     try:
         docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
     except OSError as exc:
         raise ManifestError(f"{path}: cannot read: {exc}") from exc
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise ManifestError(f"{path}: invalid YAML: {exc}") from exc
-    labels: dict[str, Mapping[str, str]] = {}
-    classes: dict[str, PriorityClassInfo] = {}
-    for index, doc in enumerate(_flatten(docs), start=1):
-        if not isinstance(doc, Mapping):
-            raise ManifestError(f"{path}: document {index}: expected a mapping")
-        kind = doc.get("kind")
-        name = (doc.get("metadata") or {}).get("name")
-        if kind not in ("Namespace", "PriorityClass"):
-            continue
-        if not isinstance(name, str) or not name:
-            raise ManifestError(f"{path}: document {index}: {kind} without metadata.name")
-        if kind == "Namespace":
-            # The API server sets this label on every namespace; selectors may rely on it.
-            labels[name] = {**(namespace_labels(doc) or {}), "kubernetes.io/metadata.name": name}
-        else:
-            info = priority_class(doc)
-            if info is None:
-                raise ManifestError(
-                    f"{path}: document {index}: PriorityClass {name}: value must be an integer"
-                )
-            classes[name] = info
-    return ClusterView(namespace_labels=labels, priority_classes=classes)
-
-
-def _flatten(docs: Iterable[Any]) -> Iterable[Any]:
-    for doc in docs:
-        if doc is None:
-            continue
-        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
-            yield from doc.get("items") or ()
-        else:
-            yield doc
+    return manifests.cluster_view(docs, str(path))
 
 
 class StaticCluster:

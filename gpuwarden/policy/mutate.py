@@ -117,10 +117,16 @@ def _set_scheduler(
         notes.append(f"kept schedulerName {current} set by another controller (policy: keep)")
 
 
-def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: ClusterView) -> None:
+def _priority(profile: ResolvedProfile, cluster: ClusterView) -> tuple[int, str]:
+    """(priority, preemptionPolicy) of the profile's class: the cluster's, where it has one."""
     known = cluster.priority_classes.get(profile.priority_class_name)
-    value = known.value if known is not None else profile.priority
-    preemption = known.preemption_policy if known is not None else profile.preemption_policy
+    if known is not None:
+        return known.value, known.preemption_policy
+    return profile.priority, profile.preemption_policy
+
+
+def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: ClusterView) -> None:
+    value, preemption = _priority(profile, cluster)
     # The Priority admission plugin runs again after webhooks and rejects a pod whose priority
     # or preemptionPolicy disagrees with its class, so all three change together.
     patch.merge(
@@ -141,7 +147,7 @@ def _set_placement(patch: PatchBuilder, grant: Grant) -> None:
             patch.append(["spec", "tolerations"], wanted)
 
 
-def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
+def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterView) -> list[str]:
     profile = placement.profile
     assert profile is not None
     who = f"tenant {placement.tenant.name}" if placement.tenant else "no tenant"
@@ -159,8 +165,9 @@ def _summary(placement: Placement, plan: BackendPlan | None) -> list[str]:
         )
     else:
         lines.append(f"gpuwarden: {target}: {profile.gpus} whole GPU(s) on {profile.backend.type}")
+    priority, _ = _priority(profile, cluster)
     lines.append(
-        f"gpuwarden: priorityClassName {profile.priority_class_name} (priority {profile.priority})"
+        f"gpuwarden: priorityClassName {profile.priority_class_name} (priority {priority})"
     )
     if profile.overridden:
         lines.append(
@@ -238,7 +245,7 @@ def mutate_pod(
     patch, notes = apply_placement(pod, placement, cluster)
     if not patch.ops:
         return context_of(placement), pod
-    lines = _summary(placement, plan(placement)) + [f"gpuwarden: {note}" for note in notes]
+    lines = _summary(placement, plan(placement), cluster) + [f"gpuwarden: {note}" for note in notes]
     audit = {
         "profile": str(placement.profile.name if placement.profile else None),
         "rule": placement.origin,

@@ -275,7 +275,7 @@ def test_apply_review_with_odd_metadata_does_not_crash(
 
 def test_apply_bad_namespaces_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "ns.yaml"
-    path.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    path.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n")
     code, _, err = run(
         capsys,
         "apply",
@@ -285,7 +285,14 @@ def test_apply_bad_namespaces_file(capsys: pytest.CaptureFixture[str], tmp_path:
         str(path),
         str(EXAMPLES / "notebook.yaml"),
     )
-    assert (code, err) == (2, f"error: {path}: document 1: expected a Namespace manifest\n")
+    assert code == 2
+    assert err.startswith(f"error: {path}: document 1: kind 'Pod' is not read here; give ")
+    path.write_text("apiVersion: v1\nkind: Namespace\nmetadata: {name: x, labels: [a]}\n")
+    code, _, err = run(capsys, "apply", "-p", str(POLICIES), "--namespaces", str(path), "-")
+    assert (code, err) == (
+        2,
+        f"error: {path}: document 1: Namespace x: metadata.labels must be a map\n",
+    )
 
 
 def test_apply_bad_policies_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

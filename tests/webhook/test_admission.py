@@ -20,6 +20,7 @@ from gpuwarden.policy import keys
 from gpuwarden.webhook.logs import AdmissionLog, JSONFormatter
 
 from .support import (
+    POLICY,
     Webhook,
     Workdir,
     apply_response,
@@ -235,3 +236,56 @@ async def test_the_json_line_on_the_configured_stream(
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", entry["ts"])
     written = datetime.datetime.fromisoformat(entry["ts"])
     assert abs((datetime.datetime.now(datetime.UTC) - written).total_seconds()) < 60
+
+
+# Manifests as `kubectl get namespaces,priorityclasses,configmaps -o yaml` writes them. The
+# Namespace carries no labels in the file: the API server gives every namespace its
+# kubernetes.io/metadata.name label, so the CLI and `serve --namespaces` must add it alike.
+CLUSTER_LIST = """\
+apiVersion: v1
+kind: List
+items:
+  - {apiVersion: v1, kind: Namespace, metadata: {name: research}}
+  - apiVersion: scheduling.k8s.io/v1
+    kind: PriorityClass
+    metadata: {name: gpuwarden-light-training}
+    value: 4242
+    preemptionPolicy: Never
+  - apiVersion: v1
+    kind: ConfigMap
+    metadata: {name: mps-settings, namespace: research}
+    data: {CUDA_MPS_PIPE_DIRECTORY: /tmp/mps}
+"""
+BY_NAME = "    - {name: research, namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: research}}}"
+
+
+async def test_the_cli_reads_a_cluster_file_as_the_webhook_does(
+    make_webhook: Any, workdir: Workdir
+) -> None:
+    workdir.write_policy(POLICY.replace("    - {name: team-a, namespaces: [team-a]}", BY_NAME))
+    workdir.namespaces.write_text(CLUSTER_LIST)
+    webhook = await make_webhook()
+    pod = notebook_pod("research")
+    single = workdir.root / "research-notebook.yaml"
+    single.write_text(yaml.safe_dump(pod))
+
+    response = await webhook.admit("mutate", review(pod, namespace="research"))
+    patch = base64.b64decode(response["patch"])
+    assert patch == cli_patch(workdir.policies, workdir.namespaces, single, "research")
+    ops = {op["path"]: op.get("value") for op in json.loads(patch)}
+    assert ops["/metadata/annotations/gpuwarden.io~1tenant"] == "research"
+    assert (ops["/spec/priority"], ops["/spec/preemptionPolicy"]) == (4242, "Never")
+
+    pod["spec"]["containers"][0]["envFrom"] = [{"configMapRef": {"name": "mps-settings"}}]
+    denied = await webhook.admit("validate", review(pod, namespace="research"))
+    assert denied["allowed"] is False
+    assert "ConfigMap key CUDA_MPS_PIPE_DIRECTORY" in denied["status"]["message"]
+    single.write_text(yaml.safe_dump(pod))
+    err = io.StringIO()
+    argv = ["-p", str(workdir.policies), "--namespaces", str(workdir.namespaces), str(single)]
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["apply", "-n", "research", *argv])
+    assert code == 1
+    assert "ConfigMap key CUDA_MPS_PIPE_DIRECTORY" in err.getvalue()
+    # The summary names the priority the pod gets: the cluster's PriorityClass value.
+    assert "(priority 4242)" in err.getvalue()

@@ -1,0 +1,115 @@
+"""What the engine may know of a cluster, read from its manifests (as ``kubectl get -o yaml``
+writes them): Namespaces, PriorityClasses, and the key names of ConfigMaps.
+
+The dry-run CLI (``--namespaces FILE``) and ``gpuwarden serve --namespaces FILE`` both build
+their :class:`ClusterView` here, so they decide alike; the webhook's watch caches read live
+objects through the same functions.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+from gpuwarden.policy.decision import ClusterView, PriorityClassInfo
+
+# The API server puts this label on every namespace (Kubernetes 1.21+); selectors may rely on it.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+KINDS = ("Namespace", "PriorityClass", "ConfigMap")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot describe the cluster; the message names the file and document."""
+
+
+def namespace_labels(obj: Mapping[str, Any]) -> Mapping[str, str] | None:
+    """A Namespace's labels (values as strings), or None when they are not a map."""
+    meta = obj.get("metadata")
+    labels = (meta.get("labels") if isinstance(meta, Mapping) else None) or {}
+    if not isinstance(labels, Mapping):
+        return None
+    return {str(k): str(v) for k, v in labels.items()}
+
+
+def priority_class(obj: Mapping[str, Any]) -> PriorityClassInfo | None:
+    """A PriorityClass's value and preemption policy, or None without an integer value."""
+    value = obj.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return None
+    policy = obj.get("preemptionPolicy") or "PreemptLowerPriority"
+    return PriorityClassInfo(value=value, preemption_policy=str(policy))
+
+
+def config_map_keys(obj: Mapping[str, Any]) -> frozenset[str]:
+    """The names of a ConfigMap's ``data`` keys, the variables ``envFrom`` makes; never values.
+
+    ``binaryData`` is left out: the kubelet makes variables from ``data`` only. Names are
+    interned, so a key that many ConfigMaps share (``ca.crt`` of every namespace's
+    ``kube-root-ca.crt``) is stored once.
+    """
+    data = obj.get("data")
+    if not isinstance(data, Mapping):
+        return frozenset()
+    return frozenset(sys.intern(str(key)) for key in data)
+
+
+def _objects(docs: Iterable[Any]) -> Iterator[tuple[int, Any]]:
+    """(document number, object), with ``List`` kinds unpacked."""
+    for index, doc in enumerate(docs, start=1):
+        if doc is None:
+            continue
+        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
+            items = doc.get("items")
+            for item in items if isinstance(items, list) else ():
+                yield index, item
+        else:
+            yield index, doc
+
+
+def cluster_view(docs: Iterable[Any], source: str) -> ClusterView:
+    """The cluster these manifests describe; raises ManifestError naming ``source``."""
+    labels: dict[str, Mapping[str, str]] = {}
+    classes: dict[str, PriorityClassInfo] = {}
+    keys: dict[tuple[str, str, str], frozenset[str]] = {}
+    for index, obj in _objects(docs):
+        where = f"{source}: document {index}"
+        if not isinstance(obj, Mapping):
+            raise ManifestError(f"{where}: expected a Kubernetes object (a mapping)")
+        kind = obj.get("kind")
+        if kind not in KINDS:
+            raise ManifestError(
+                f"{where}: kind {kind!r} is not read here; give {', '.join(KINDS)} manifests "
+                "(kubectl get namespaces,priorityclasses,configmaps -A -o yaml)"
+            )
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise ManifestError(f"{where}: {kind} without metadata.name")
+        if kind == "Namespace":
+            found = namespace_labels(obj)
+            if found is None:
+                raise ManifestError(f"{where}: Namespace {name}: metadata.labels must be a map")
+            labels[name] = {**found, NAMESPACE_NAME_LABEL: name}
+        elif kind == "PriorityClass":
+            info = priority_class(obj)
+            if info is None:
+                raise ManifestError(f"{where}: PriorityClass {name}: value must be an integer")
+            classes[name] = info
+        else:
+            assert isinstance(meta, Mapping)
+            namespace = meta.get("namespace") or "default"
+            keys[("ConfigMap", str(namespace), name)] = config_map_keys(obj)
+    return ClusterView(namespace_labels=labels, priority_classes=classes, env_source_keys=keys)
+
+
+def merged(views: Iterable[ClusterView]) -> ClusterView:
+    """One view of several files' manifests (later files win for the same object)."""
+    labels: dict[str, Mapping[str, str]] = {}
+    classes: dict[str, PriorityClassInfo] = {}
+    keys: dict[tuple[str, str, str], frozenset[str]] = {}
+    for view in views:
+        labels.update(view.namespace_labels)
+        classes.update(view.priority_classes)
+        keys.update(view.env_source_keys)
+    return ClusterView(namespace_labels=labels, priority_classes=classes, env_source_keys=keys)
