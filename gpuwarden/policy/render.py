@@ -18,9 +18,10 @@ What each object is for, and what it deliberately is not:
   ``default`` for it would be injected *before* the webhook runs, so gpuwarden would see a GPU
   request on every pod. ``limits.maxGpusPerPod`` is therefore the validating webhook's job.
 * **Volcano Queue** (``scheduling.volcano.sh/v1beta1``) per queue a tenant names, with the real
-  fields only: ``weight``, ``capability``, ``reclaimable``, ``guarantee.resource``. Volcano has no
-  per-queue overcommit field: its overcommit factor is the ``overcommit`` scheduler plugin's
-  ``overcommit-factor`` argument (cluster-wide, enqueue admission only), which is said in a note.
+  fields only: ``weight``, ``capability``, ``deserved``, ``reclaimable``, ``guarantee.resource``.
+  Volcano has no per-queue overcommit field: its overcommit factor is the ``overcommit``
+  scheduler plugin's ``overcommit-factor`` argument (cluster-wide, enqueue admission only),
+  which is said in a note.
 """
 
 from __future__ import annotations
