@@ -63,13 +63,16 @@ def _volcano(backend: VolcanoBackend, profile: ResolvedProfile, queue: str | Non
     if profile.preemptible:
         annotations[VOLCANO_PREEMPTABLE_ANNOTATION] = "true"
     if not profile.gpu_share:
-        return BackendPlan(
-            backend.scheduler_name,
-            {"nvidia.com/gpu": str(profile.gpus)},
-            {},
-            annotations,
-            shared=False,
+        whole = (
+            {
+                "volcano.sh/vgpu-number": str(profile.gpus),
+                "volcano.sh/vgpu-memory-percentage": "100",
+                "volcano.sh/vgpu-cores": "100",
+            }
+            if backend.whole_gpus == "vgpu"
+            else {"nvidia.com/gpu": str(profile.gpus)}
         )
+        return BackendPlan(backend.scheduler_name, whole, {}, annotations, shared=False)
     resources = {"volcano.sh/vgpu-number": str(profile.gpus)}
     reserved = _reserved_mib(profile)
     if reserved is not None:

@@ -135,6 +135,14 @@ class VolcanoBackend(_BackendBase):
     queue: str | None = Field(
         default=None, description="Volcano queue for pods whose tenant names none"
     )
+    whole_gpus: Literal["device-plugin", "vgpu"] = Field(
+        default="device-plugin",
+        description=(
+            "How exclusive profiles ask for whole GPUs: device-plugin, nvidia.com/gpu from "
+            "NVIDIA's device plugin; vgpu, volcano.sh/vgpu-number with vgpu-memory-percentage "
+            "and vgpu-cores at 100, for nodes where only the volcano-vgpu device plugin runs"
+        ),
+    )
 
 
 class HamiBackend(_BackendBase):

@@ -19,6 +19,10 @@ profiles:
   - {name: vol-whole, gpuShare: false, gpus: 4, maxMemory: 80Gi}
   - {name: vol-batch, gpuShare: false, preemptible: true, priority: 10}
   - {name: vol-nocap-cores, maxMemory: 8Gi, gpus: 2}
+  - name: vol-whole-vgpu
+    gpuShare: false
+    gpus: 2
+    backend: {type: volcano, wholeGpus: vgpu}
   - {name: hami-shared, maxMemory: 8Gi, overcommitRatio: 2.0, threadPercentage: 30, backend: hami}
   - {name: hami-whole, gpuShare: false, gpus: 2, backend: {type: hami}}
   - {name: mps-shared, maxMemory: 8Gi, threadPercentage: 25, backend: nvidia}
@@ -50,6 +54,17 @@ def governed(policies: PolicySet, profile: str, namespace: str = "team") -> dict
 @pytest.mark.parametrize(
     ("profile", "resources", "scheduler"),
     [
+        (
+            # On nodes where only the volcano-vgpu device plugin runs, whole GPUs are vGPUs that
+            # take all of a device's memory and cores.
+            "vol-whole-vgpu",
+            {
+                "volcano.sh/vgpu-number": "2",
+                "volcano.sh/vgpu-memory-percentage": "100",
+                "volcano.sh/vgpu-cores": "100",
+            },
+            "volcano",
+        ),
         (
             "vol-shared",
             {
