@@ -52,6 +52,14 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mps-log-dir", type=Path, default=Path(keys.DEFAULT_MPS_LOG_DIRECTORY))
     parser.add_argument("--mps-control-bin", default="nvidia-cuda-mps-control")
     parser.add_argument(
+        "--mps-daemon",
+        choices=("manage", "external"),
+        default="manage",
+        help="manage: start the MPS control daemon when none answers; external: another "
+        "component runs it (NVIDIA's device plugin in MPS mode: point --mps-pipe-dir at its "
+        "<root>/<resource>/pipe, e.g. /run/nvidia/mps/nvidia.com/gpu/pipe)",
+    )
+    parser.add_argument(
         "--metrics-port", type=int, default=9400, help="Prometheus metrics port (0: none)"
     )
     parser.add_argument("--metrics-host", default="0.0.0.0")
@@ -101,6 +109,7 @@ def _config(args: argparse.Namespace) -> AgentConfig | str:
         on_violation=args.on_violation,
         memory_ceiling=ceiling,
         cgroup_root=args.cgroup_root,
+        manage_daemon=args.mps_daemon == "manage",
     )
 
 

@@ -376,6 +376,17 @@ def test_webhook_runs_unprivileged(renderings: dict[str, Rendering]) -> None:
             assert context["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
+def test_node_agent_can_leave_the_mps_daemon_to_the_device_plugin() -> None:
+    """NVIDIA's device plugin in MPS mode runs its own daemon per resource: the agent uses it."""
+    pipe = "/run/nvidia/mps/nvidia.com/gpu/pipe"
+    rendering = template(
+        sets={"nodeAgent.mps.daemon": "external", "nodeAgent.mps.pipeDirectory": pipe}
+    )
+    (container,) = rendering.one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    args = _args(container)
+    assert (args["--mps-daemon"], args["--mps-pipe-dir"]) == ("external", pipe)
+
+
 def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None:
     daemonset = default.one("DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -397,6 +408,7 @@ def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None
         keys.DEFAULT_MPS_LOG_DIRECTORY,
     )
     assert args["--on-violation"] == "event"
+    assert args["--mps-daemon"] == "manage"
     host_paths = {v["hostPath"]["path"]: v["name"] for v in pod["volumes"] if "hostPath" in v}
     assert set(host_paths) == {
         keys.DEFAULT_MPS_PIPE_DIRECTORY,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.cli import main
+from gpuwarden.commands import node_agent
+from gpuwarden.node.agent import AgentConfig
 from gpuwarden.node.hardlimits import detect_memory_limits
 
 KUBECONFIG = """\
@@ -131,6 +134,18 @@ def test_help_lists_the_agents_flags(capsys: pytest.CaptureFixture[str]) -> None
         "--mps-log-dir",
         "--metrics-port",
         "--mps-control-bin",
+        "--mps-daemon",
         "--hard-limits",
     ):
         assert flag in out
+
+
+@pytest.mark.parametrize(("value", "manages"), [("manage", True), ("external", False)])
+def test_mps_daemon_says_who_runs_the_control_daemon(value: str, manages: bool) -> None:
+    """external: NVIDIA's device plugin (MPS mode) runs it; the agent must not start another."""
+    parser = argparse.ArgumentParser()
+    node_agent.register(parser)
+    config = node_agent._config(parser.parse_args(["--node-name", "n", "--mps-daemon", value]))
+    assert isinstance(config, AgentConfig) and config.manage_daemon is manages
+    default = node_agent._config(parser.parse_args(["--node-name", "n"]))
+    assert isinstance(default, AgentConfig) and default.manage_daemon is True
