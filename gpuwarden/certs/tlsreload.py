@@ -32,7 +32,7 @@ class TLSFiles:
 
 
 def server_context(files: TLSFiles) -> ssl.SSLContext:
-    """A server context: TLS 1.2 at least, and client certificates required with a client CA."""
+    """A server context: TLS 1.2 at least; with a client CA, client certificates verified."""
     for path in files.paths():
         if not path.is_file():
             raise TLSConfigError(f"{path}: no such file")
@@ -50,7 +50,9 @@ def server_context(files: TLSFiles) -> ssl.SSLContext:
             ctx.load_verify_locations(cafile=files.client_ca)
         except (ssl.SSLError, OSError) as exc:
             raise TLSConfigError(f"{files.client_ca}: cannot load the client CA: {exc}") from exc
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        # A certificate that is presented must verify; one that is not is refused by the
+        # admission endpoints, not the handshake, so the kubelet's probes need none.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
 
 

@@ -107,6 +107,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="seconds to finish in-flight requests after SIGTERM (default 30)",
     )
     behaviour.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        help="seconds to keep accepting after SIGTERM, unready, while the endpoint removal "
+        "reaches the API server (default 0; the chart sets 5)",
+    )
+    behaviour.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )
 
@@ -144,6 +151,7 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         ),
         reload_interval=args.reload_interval,
         shutdown_timeout=args.shutdown_timeout,
+        drain_delay=args.drain_delay,
         watch_timeout=args.watch_timeout,
         log_level=args.log_level,
     )
@@ -159,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--workers must be at least 1")
     if args.deadline <= 0:
         return _usage("--deadline must be positive")
+    if args.reload_interval <= 0:
+        return _usage("--reload-interval must be positive")
+    if args.shutdown_timeout < 0 or args.drain_delay < 0:
+        return _usage("--shutdown-timeout and --drain-delay must not be negative")
     if args.max_body_bytes < 1024:
         return _usage("--max-body-bytes must be at least 1024")
     if args.namespaces is not None and not args.namespaces.is_file():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from gpuwarden.kube.cluster import ClusterSource
 from gpuwarden.policy import Decision
@@ -39,6 +40,8 @@ class Settings:
     # Longest wait for a live read of a namespace the watch cache has not seen (at most half
     # of what is left of the deadline).
     namespace_lookup_timeout: float = 2.0
+    # With --client-ca: admission requests must come with a verified client certificate.
+    require_client_certificate: bool = False
 
 
 @dataclass
@@ -69,6 +72,8 @@ class WebhookContext:
         """Whether to take traffic, and lines explaining what is missing or degraded."""
         missing: list[str] = []
         notes: list[str] = []
+        if self.draining:
+            missing.append("shutting down: finishing the requests in flight")
         state = self.reloader.state
         if state.policies is None:
             missing.append(f"no valid policy loaded: {state.error or 'not loaded yet'}")
@@ -98,6 +103,12 @@ class WebhookContext:
 
 def _text(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message.rstrip("\n") + "\n")
+
+
+def _client_certificate(request: web.Request) -> bool:
+    """Whether the TLS peer presented a certificate (the handshake has verified any it did)."""
+    transport = request.transport
+    return transport is not None and bool(transport.get_extra_info("peercert"))
 
 
 def _names(decision: Decision) -> tuple[str, str]:
@@ -201,6 +212,10 @@ class AdmissionHandler:
     async def _handle(self, request: web.Request) -> web.Response:
         started = time.perf_counter()
         settings = self.ctx.settings
+        if settings.require_client_certificate and not _client_certificate(request):
+            return self._refuse(
+                403, "a client certificate signed by the webhook's --client-ca is required"
+            )
         length = request.content_length
         if length is not None and length > settings.max_body:
             return self._refuse(
@@ -216,6 +231,10 @@ class AdmissionHandler:
             return self._refuse(413, f"request body is over the limit of {settings.max_body} bytes")
         except TimeoutError:
             return self._refuse(408, f"request body not received within {settings.deadline:g}s")
+        except RequestPayloadError as exc:  # a body that does not match its Content-Encoding
+            return self._refuse(400, f"request body cannot be read: {exc}")
+        except ConnectionResetError:  # nobody is left to read the answer
+            return self._refuse(400, "the client closed the connection before sending the body")
         try:
             review = decode(body)
         except ReviewError as exc:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from gpuwarden.webhook.review import short_repr
+
 _CONTAINER_LISTS = ("containers", "initContainers", "ephemeralContainers")
 _SPEC_STRINGS = (
     "schedulerName",
@@ -57,7 +59,7 @@ def _string_map(value: Any, parent: str, field: str) -> None:
         raise _fail(f"{parent}.{field}", "an object", value)
     for key, item in value.items():
         if type(item) is not str:
-            raise _fail(f"{parent}.{field}[{key!r}]", "a string", item)
+            raise _fail(f"{parent}.{field}[{short_repr(key)}]", "a string", item)
 
 
 def _quantities(value: Any, resources_path: str, section: str) -> None:
@@ -66,7 +68,9 @@ def _quantities(value: Any, resources_path: str, section: str) -> None:
     for key, item in value.items():
         if type(item) not in _QUANTITY_TYPES:
             raise _fail(
-                f"{resources_path}.{section}[{key!r}]", "a quantity (string or number)", item
+                f"{resources_path}.{section}[{short_repr(key)}]",
+                "a quantity (string or number)",
+                item,
             )
 
 

@@ -8,6 +8,7 @@ expects.
 from __future__ import annotations
 
 import base64
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -30,6 +31,15 @@ _STATUS_REASONS = frozenset(
         "ServiceUnavailable",
     }
 )
+
+
+def short_repr(value: Any) -> str:
+    """A value's repr cut short, so an error names a bad value without echoing all of it."""
+    shorten = reprlib.Repr()
+    shorten.maxstring = shorten.maxother = 60
+    shorten.maxlist = shorten.maxdict = shorten.maxtuple = 4
+    shorten.maxlevel = 2
+    return shorten.repr(value)
 
 
 class ReviewError(Exception):
@@ -119,7 +129,7 @@ def decode(body: bytes) -> Review:
     if kind != "AdmissionReview" or api_version not in API_VERSIONS:
         raise ReviewError(
             f"expected kind AdmissionReview with apiVersion {' or '.join(API_VERSIONS)}, "
-            f"got kind {kind!r} apiVersion {api_version!r}"
+            f"got kind {short_repr(kind)} apiVersion {short_repr(api_version)}"
         )
     request = data.get("request")
     if not isinstance(request, dict):
@@ -130,7 +140,7 @@ def decode(body: bytes) -> Review:
     operation = request.get("operation")
     if operation not in OPERATIONS:
         raise ReviewError(
-            f"request.operation must be one of {', '.join(OPERATIONS)}, got {operation!r}"
+            f"request.operation must be one of {', '.join(OPERATIONS)}, got {short_repr(operation)}"
         )
     group, kind_name = _group_kind(request.get("kind"), "request.kind", "kind")
     resource_group, resource = _group_kind(request.get("resource"), "request.resource", "resource")
@@ -138,7 +148,7 @@ def decode(body: bytes) -> Review:
     if dry_run is None:
         dry_run = False
     if not isinstance(dry_run, bool):
-        raise ReviewError(f"request.dryRun must be a boolean, not {dry_run!r}")
+        raise ReviewError(f"request.dryRun must be a boolean, not {short_repr(dry_run)}")
     obj = _object(request.get("object"), "request.object")
     old = _object(request.get("oldObject"), "request.oldObject")
     namespace = _string(request.get("namespace"), "request.namespace")

@@ -57,6 +57,9 @@ class ServeConfig:
     reload_interval: float = 2.0
     renew_interval: float = 300.0
     shutdown_timeout: float = 30.0
+    # After SIGTERM, keep accepting this long (answering "Connection: close", /readyz 503)
+    # while the endpoint removal reaches the API server and kube-proxy.
+    drain_delay: float = 0.0
     watch_timeout: int = 300
     log_level: str = "info"
     reuse_port: bool = False
@@ -127,8 +130,9 @@ class WebhookServer:
             raise ServeError(str(exc)) from exc
         reloader = PolicyReloader(config.policies)
         cluster = self._cluster or cluster_source(config)
+        settings = replace(config.settings, require_client_certificate=config.client_ca is not None)
         self.context = context = WebhookContext(
-            reloader=reloader, cluster=cluster, metrics=self.metrics, settings=config.settings
+            reloader=reloader, cluster=cluster, metrics=self.metrics, settings=settings
         )
         self._reload_policies()
         cluster.start()
@@ -193,6 +197,16 @@ class WebhookServer:
             self.context.cluster.stop()
             self.context.executor.shutdown(wait=False, cancel_futures=True)
 
+    async def _announce_shutdown(self, again: asyncio.Event) -> None:
+        """Go unready and close connections after each answer, still accepting new ones, for
+        drain_delay seconds (a second signal ends it early)."""
+        if self.context is None or self.config.drain_delay <= 0:
+            return
+        self.context.draining = True
+        again.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(again.wait(), self.config.drain_delay)
+
     async def _drain(self) -> None:
         """Close the listeners, then wait for the requests already received to be answered.
 
@@ -221,6 +235,7 @@ class WebhookServer:
         try:
             await stop.wait()
             log.info("stopping: finishing in-flight requests")
+            await self._announce_shutdown(stop)
         finally:
             await self.stop()
             for sig in (signal.SIGTERM, signal.SIGINT):

@@ -351,6 +351,9 @@ def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -
     assert args["--policies"] == "/etc/gpuwarden/policies"
     assert (args["--port"], args["--metrics-port"]) == ("8443", "9090")
     assert {"--tls-cert", "--tls-key"} <= set(args)
+    # A terminating replica keeps answering while its endpoint goes, then drains (30 s default).
+    drain = float(args["--drain-delay"])
+    assert drain > 0 and pod["terminationGracePeriodSeconds"] > drain + 30
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert ports["https"] == int(args["--port"])
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):

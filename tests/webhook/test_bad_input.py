@@ -175,3 +175,30 @@ async def test_a_body_that_never_arrives_times_out(make_webhook: Callable[..., A
     assert b" 408 " in status_line
     writer.close()
     await hook.serves()
+
+
+@pytest.mark.parametrize("encoding", ["deflate", "gzip"])
+async def test_a_body_that_does_not_match_its_encoding_gets_400(
+    webhook: Webhook, encoding: str
+) -> None:
+    status, text = await webhook.post(
+        "/mutate", b"0123456789", headers={"Content-Encoding": encoding}
+    )
+    assert status == 400, text
+    assert "request body cannot be read" in text and "Traceback" not in text
+    await webhook.serves()
+
+
+async def test_a_huge_wrong_value_is_not_echoed_whole(webhook: Webhook) -> None:
+    """A 400 names the field and shows the start of the value: never megabytes of it."""
+    data = review(notebook_pod())
+    data["kind"] = "K" * 1_000_000
+    status, text = await webhook.post("/mutate", json.dumps(data).encode())
+    assert status == 400 and "expected kind AdmissionReview" in text
+    assert len(text) < 1_000
+    data = review(notebook_pod())
+    data["request"]["dryRun"] = ["x"] * 100_000
+    status, text = await webhook.post("/mutate", json.dumps(data).encode())
+    assert status == 400 and "request.dryRun must be a boolean" in text
+    assert len(text) < 1_000
+    await webhook.serves()

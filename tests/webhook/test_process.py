@@ -10,12 +10,15 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpuwarden.cli import main
 
 from .support import RawConnection, Workdir, client_context, notebook_pod, review
 
@@ -151,6 +154,37 @@ async def test_sigterm_answers_every_request_in_flight(
     assert len(admission_lines(log)) == 9
 
 
+def readyz(port: int) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_drain_delay_keeps_accepting_while_unready(
+    workdir: Workdir, served: list[Served]
+) -> None:
+    """During a rollout the API server still opens connections to a terminating replica for a
+    moment: with --drain-delay they are answered, and /readyz says the replica is going."""
+    server = Served(workdir, "--drain-delay", "60")
+    served.append(server)
+    await asyncio.to_thread(server.wait_ready)
+    ctx = client_context(workdir.certs.ca_cert)
+    body = json.dumps(review(notebook_pod())).encode()
+    server.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    while (status := readyz(server.metrics_port))[0] != 503:
+        assert time.monotonic() < deadline, f"still ready after SIGTERM: {status}"
+        await asyncio.sleep(0.02)
+    assert "shutting down" in status[1]
+    late = await RawConnection.open(server.port, ctx)  # a new connection is still accepted
+    status_code, data = await late.request("POST", "/mutate", body)
+    assert status_code == 200 and json.loads(data)["response"]["allowed"] is True
+    server.proc.send_signal(signal.SIGTERM)  # a second signal ends the delay
+    assert await asyncio.to_thread(server.proc.wait, 15) == 0
+
+
 async def test_workers_share_the_port(workdir: Workdir, served: list[Served]) -> None:
     server = Served(workdir, "--workers", "2")
     served.append(server)
@@ -217,3 +251,20 @@ def test_bad_flags_are_refused_with_a_message(workdir: Workdir, tmp_path: Path) 
     )
     assert out.returncode == 2
     assert "nope.crt" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--deadline", "0"], "--deadline must be positive"),
+        (["--reload-interval", "0"], "--reload-interval must be positive"),
+        (["--drain-delay", "-1"], "--drain-delay must not be negative"),
+        (["--workers", "0"], "--workers must be at least 1"),
+    ],
+)
+def test_serve_refuses_bad_numbers_with_a_message(
+    workdir: Workdir, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    base = ["serve", "--policies", str(workdir.policies), "--cert-dir", str(workdir.certs.root)]
+    assert main([*base, *argv]) == 2
+    assert message in capsys.readouterr().err

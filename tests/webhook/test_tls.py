@@ -74,8 +74,13 @@ async def test_client_ca_requires_a_client_certificate(
     pair = issue_client(apiserver_ca, common_name="kube-apiserver")
     cert_file, key_file = pair.write(workdir.root, "client.crt", "client.key")
     hook: Webhook = await make_webhook(client_ca=ca_file)
-    with pytest.raises(aiohttp.ClientError):
-        await hook.admit("mutate", review(notebook_pod()))
+    # Without a certificate: admission is refused, the kubelet's probes still get through.
+    status, text = await hook.post("/mutate", json.dumps(review(notebook_pod())).encode())
+    assert (status, text.strip()) == (
+        403,
+        "mutate: a client certificate signed by the webhook's --client-ca is required",
+    )
+    assert (await hook.get("/readyz"))[0] == 200 and (await hook.get("/healthz"))[0] == 200
     hook.ssl = client_context(workdir.certs.ca_cert, client=(cert_file, key_file))
     await hook.serves()
     stranger = issue_client(new_ca(common_name="stranger"), common_name="mallory")
