@@ -146,7 +146,8 @@ def _issue_leaf(
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(start)
-        .not_valid_after(start + _BACKDATE + valid_for)
+        # Never past the CA: a client stops trusting the chain when the CA expires anyway.
+        .not_valid_after(min(start + _BACKDATE + valid_for, ca_cert.not_valid_after_utc))
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             _key_usage(key_encipherment=isinstance(key, rsa.RSAPrivateKey)), critical=True

@@ -154,6 +154,13 @@ class CertDirectory:
                 return KeyPair(cert.public_bytes(serialization.Encoding.PEM), key_pem)
         raise CertificateError(f"{self.ca_key}: no certificate in {self.ca_cert} matches this key")
 
+    def bundle(self) -> list[x509.Certificate]:
+        """The CA certificates clients are given (ca.crt), newest first."""
+        try:
+            return load_bundle(self.ca_cert.read_bytes())
+        except OSError as exc:
+            raise CertificateError(f"{self.ca_cert}: cannot read: {exc}") from exc
+
     def serving(self) -> KeyPair:
         try:
             return KeyPair.read(self.tls_cert, self.tls_key)
@@ -225,7 +232,10 @@ def ensure_directory(
     """Make ``out`` hold a usable CA and serving certificate; returns what was done.
 
     Issues everything when there is no CA; renews the serving certificate when it is missing,
-    not signed by the current CA, missing one of ``names``, or in its renewal window.
+    signed by no CA of the bundle that is still valid, missing one of ``names``, or in its
+    renewal window. A certificate from the previous CA while a rotation is under way is kept:
+    moving it to the new CA before clients have the new bundle would break them
+    (:func:`renew_serving` does that, as the rotation's last step).
     """
     directory = CertDirectory(out)
     if not directory.has_ca():
@@ -235,6 +245,8 @@ def ensure_directory(
         issue_directory(out, names, now=now, serving_lifetime=serving_lifetime)
         return [f"issued a new CA and serving certificate in {out}"]
     ca = directory.current_ca()
+    moment = now or _now()
+    trusted = [c for c in directory.bundle() if c.not_valid_after_utc > moment]
     reason = None
     try:
         current = directory.serving().certificate
@@ -245,8 +257,8 @@ def ensure_directory(
         missing = (set(names.dns_names) - set(have.dns_names)) | (
             set(names.ip_addresses) - set(have.ip_addresses)
         )
-        if not _signed_by(current, ca.certificate):
-            reason = "the serving certificate is not signed by the current CA"
+        if not any(_signed_by(current, cert) for cert in trusted):
+            reason = "the serving certificate is signed by no valid CA of the bundle"
         elif missing:
             reason = f"the serving certificate lacks {', '.join(sorted(missing))}"
         elif needs_renewal(current, now=now):
