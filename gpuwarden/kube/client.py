@@ -33,4 +33,7 @@ def api_client(kubeconfig: Path | None = None) -> k8s_client.ApiClient:
             f"no cluster credentials ({exc}); pass --kubeconfig, run in a pod, "
             "or pass --namespaces FILE to run without a cluster"
         ) from exc
+    # TCP keepalive on the pooled connections: a peer that vanished (a NAT or load balancer
+    # that dropped the flow) is noticed instead of a request hanging on it.
+    configuration.keep_alive = True
     return k8s_client.ApiClient(configuration)

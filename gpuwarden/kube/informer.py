@@ -31,6 +31,9 @@ Obj = Mapping[str, Any]
 
 HTTP_GONE = 410
 _PAGE_SIZE = 500
+# (connect, read) seconds for each page of a list: without it, a list sent on a dead
+# connection blocks the informer for good (the watch has its own timeout).
+_LIST_TIMEOUT = (10, 60)
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -186,7 +189,11 @@ class Informer(Generic[T]):
         token: str | None = None
         version = ""
         while True:
-            kwargs: dict[str, Any] = {"limit": _PAGE_SIZE, "_preload_content": False}
+            kwargs: dict[str, Any] = {
+                "limit": _PAGE_SIZE,
+                "_preload_content": False,
+                "_request_timeout": _LIST_TIMEOUT,
+            }
             if token:
                 kwargs["_continue"] = token
             response = self._list_func(**kwargs)

@@ -24,6 +24,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, MappingSink, Obj
 
+# (connect, read) seconds for Events and evictions: a hung API server must not stall the
+# single-threaded enforcement loop; a failed eviction is asked again next tick.
+_WRITE_TIMEOUT = (5, 15)
 COMPONENT = "gpuwarden-node-agent"
 REPORTING_CONTROLLER = "gpuwarden.io/node-agent"
 # core/v1 Event messages are cut here (events.k8s.io allows 1 KiB notes); the start matters most.
@@ -108,7 +111,11 @@ class NodeCluster:
             reporting_component=REPORTING_CONTROLLER,
             reporting_instance=self.node_name,
         )
-        _finish(self.core.create_namespaced_event(namespace, body, _preload_content=False))
+        _finish(
+            self.core.create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=_WRITE_TIMEOUT
+            )
+        )
 
     def pod_event(
         self, namespace: str, name: str, uid: str, reason: str, message: str, type_: str
@@ -138,7 +145,7 @@ class NodeCluster:
         )
         try:
             response: Any = self.core.create_namespaced_pod_eviction(
-                name, namespace, body, _preload_content=False
+                name, namespace, body, _preload_content=False, _request_timeout=_WRITE_TIMEOUT
             )
         except ApiException as exc:
             if exc.status == 429:

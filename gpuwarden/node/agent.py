@@ -243,7 +243,8 @@ class NodeAgent:
         return self.mps is not None and bool(self.managed)
 
     def eviction_refused(self, pod: PodRef) -> None:
-        """The API server refused an eviction (a disruption budget): ask again next tick."""
+        """The eviction did not happen (a disruption budget, or the request failed): ask
+        again next tick, if the pod is still over its cap."""
         self._state.evict_again.add(pod.uid)
 
     # -- counters for metrics -------------------------------------------------------------
@@ -638,6 +639,8 @@ def run_once(agent: NodeAgent, cluster: Cluster, log: logging.Logger | None = No
                     agent.eviction_refused(action.pod)
         except Exception as exc:
             log.warning("%s for %s failed: %s", type(action).__name__, action, exc)
+            if isinstance(action, Eviction):
+                agent.eviction_refused(action.pod)  # a transient failure: try again next tick
     return report
 
 

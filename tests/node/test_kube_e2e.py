@@ -281,3 +281,93 @@ def test_the_loop_keeps_ticking_until_stopped(
         stop.set()
         loop.join(timeout=10)
     assert not loop.is_alive()
+
+
+def test_an_eviction_that_failed_is_asked_again(
+    control_plane: Any,
+    core: k8s_client.CoreV1Api,
+    api_client: k8s_client.ApiClient,
+    namespace: str,
+    node: str,
+    control: ProcessMpsControl,
+    fake_mps: FakeMps,
+    proc: FakeProc,
+) -> None:
+    """An eviction that errors (here 403: the agent's role lacks pods/eviction) is not
+    forgotten: once it can succeed, a later pass evicts the pod still over its cap."""
+    rbac = k8s_client.RbacAuthorizationV1Api(api_client)
+    user = f"agent-{node}"
+    reads = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+    events = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
+    rbac.create_cluster_role({"metadata": {"name": user}, "rules": [reads, events]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": user,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    as_agent = control_plane.api_client()
+    as_agent.set_default_header("Impersonate-User", user)
+    cluster = NodeCluster(as_agent, node, watch_timeout=5)
+    try:
+        cid = container_id(0xE2F)
+        pod = create(core, namespace, make_pod("greedy", uid="-", cap="4Gi"), node)
+        uid = pod["metadata"]["uid"]
+        core.patch_namespaced_pod_status(
+            "greedy",
+            namespace,
+            {
+                "status": {
+                    "phase": "Running",
+                    "containerStatuses": [
+                        {
+                            "name": "main",
+                            "containerID": f"containerd://{cid}",
+                            "image": "registry.invalid/train:1",
+                            "imageID": "",
+                            "ready": True,
+                            "restartCount": 0,
+                            "state": {"running": {}},
+                        }
+                    ],
+                }
+            },
+        )
+        assert cluster.start(timeout=15)
+        eventually(
+            lambda: any(p["status"].get("containerStatuses") for p in cluster.pods()),
+            "the pod's container status",
+        )
+        nvml = FakeNvml()
+        nvml.add_gpu(40 * GiB)
+        agent = NodeAgent(
+            AgentConfig(node_name=node, on_violation="evict"), nvml, control, ProcFs(proc.root)
+        )
+        agent.start()
+        fake_mps.add_server(700, uid=1000)
+        proc.add_mps_server(700, 1000)
+        fake_mps.add_client(700, 9002)
+        proc.add_pod_process(9002, uid, cid)
+        nvml.run(0, 9002, 6 * GiB)
+
+        def terminating() -> bool:
+            return (
+                core.read_namespaced_pod("greedy", namespace).metadata.deletion_timestamp
+                is not None
+            )
+
+        run_once(agent, cluster)  # the eviction is refused: 403
+        assert not terminating()
+        evictions = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+        rbac.patch_cluster_role(user, {"rules": [reads, events, evictions]})
+        eventually(lambda: run_once(agent, cluster) and terminating(), "the eviction, asked again")
+    finally:
+        cluster.stop()
+        as_agent.close()
+        rbac.delete_cluster_role_binding(user)
+        rbac.delete_cluster_role(user)
