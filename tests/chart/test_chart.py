@@ -304,7 +304,7 @@ def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Renderi
             "apiGroups": ["admissionregistration.k8s.io"],
             "resources": ["mutatingwebhookconfigurations", "validatingwebhookconfigurations"],
             "resourceNames": [FULLNAME],
-            "verbs": ["get", "update", "patch"],
+            "verbs": ["get", "update"],
         }
     ]
     secret_role = rendering.one("Role", f"{FULLNAME}-certs")
@@ -313,7 +313,7 @@ def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Renderi
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": [secret["metadata"]["name"]],
-            "verbs": ["get", "update", "patch"],
+            "verbs": ["get", "update"],
         }
     ]
     for binding in (
@@ -431,15 +431,16 @@ def _rules(rendering: Rendering, name: str) -> list[tuple[tuple[str, ...], tuple
 
 
 def test_rbac_verbs(default: Rendering) -> None:
+    # Exactly the calls the code makes: list/watch for the caches, get for a namespace read live.
     assert _rules(default, f"{FULLNAME}-webhook") == [
-        (("namespaces", "pods", "configmaps"), ("get", "list", "watch")),
-        (("priorityclasses",), ("get", "list", "watch")),
-        (("gpupolicies",), ("get", "list", "watch")),
+        (("namespaces",), ("get", "list", "watch")),
+        (("pods", "configmaps"), ("list", "watch")),
+        (("priorityclasses",), ("list", "watch")),
     ]
     assert _rules(default, f"{FULLNAME}-node-agent") == [
-        (("pods",), ("get", "list", "watch")),
+        (("pods",), ("list", "watch")),
         (("pods/eviction",), ("create",)),
-        (("events",), ("create", "patch")),
+        (("events",), ("create",)),
     ]
     # Nothing but the self-managed certificate roles may write, and those only by name.
     assert default.all("Role") == []

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from chart.support import FULLNAME, template
 from e2e.controlplane import ControlPlane, Tools
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
@@ -447,3 +448,41 @@ def test_certs_rotate_ca_publishes_the_bundle_before_moving_the_serving_cert(
     published = admission.read_validating_webhook_configuration(name).webhooks[0]
     assert base64.b64decode(published.client_config.ca_bundle) == directory.ca_cert.read_bytes()
     directory.serving().certificate.verify_directly_issued_by(bundle[0])
+
+
+@pytest.mark.helm
+def test_the_caches_sync_under_the_charts_webhook_role(
+    control_plane: ControlPlane, api_client: k8s_client.ApiClient, namespace: str
+) -> None:
+    """The chart grants the webhook only list/watch (and get on namespaces): enough for every
+    cache and for a live namespace read, as the API server authorizes them."""
+    role = template().one("ClusterRole", f"{FULLNAME}-webhook")
+    user = f"webhook-{uuid.uuid4().hex[:8]}"
+    rbac = k8s_client.RbacAuthorizationV1Api(api_client)
+    rbac.create_cluster_role({"metadata": {"name": user}, "rules": role["rules"]})
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": user},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": user,
+            },
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
+        }
+    )
+    as_webhook = control_plane.api_client()
+    as_webhook.set_default_header("Impersonate-User", user)
+    watched = WatchedCluster(as_webhook, watch_timeout=5)
+    try:
+        watched.start()
+        assert watched.wait_synced(20), watched.stats()
+        assert all(s.errors == 0 for s in watched.stats().values()), watched.stats()
+        assert namespace in watched.view().namespace_labels
+        # the live read of a namespace the cache has not seen yet
+        assert k8s_client.CoreV1Api(as_webhook).read_namespace(namespace).metadata.name == namespace
+    finally:
+        watched.stop()
+        as_webhook.close()
+        rbac.delete_cluster_role_binding(user)
+        rbac.delete_cluster_role(user)
