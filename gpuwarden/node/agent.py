@@ -514,6 +514,19 @@ class NodeAgent:
                 continue
             state.hard_limited.add(uid)
 
+    def _forget_gone(self, infos: Sequence[PodInfo]) -> None:
+        """Drop what the agent remembers of pods that left the node (memory and metric series
+        would otherwise grow with every pod the node ever ran)."""
+        uids = {info.ref.uid for info in infos}
+        names = {(info.ref.namespace, info.ref.name) for info in infos}
+        state = self._state
+        state.evicted &= uids
+        state.evict_again &= uids
+        with self._lock:
+            self._violation_counts = {
+                key: count for key, count in self._violation_counts.items() if key[:2] in names
+            }
+
     def tick(self, raw_pods: Sequence[Mapping[str, Any]]) -> TickReport:
         """One enforcement pass over the pods of this node (Kubernetes JSON objects)."""
         self.last_pods = raw_pods
@@ -522,12 +535,15 @@ class NodeAgent:
         active = [p for p in infos if p.active]
         pods = limits.gpu_pods(active)
         known = {p.ref.uid: p for p in active}
+        self._forget_gone(infos)
 
         healthy: bool | None = None
         servers: list[MpsServer] = []
         reapplied = False
         if self.uses_mps:
             healthy, servers, reapplied = self._mps_status(errors)
+            live = {server.pid for server in servers}
+            self._state.terminated = {t for t in self._state.terminated if t[0] in live}
         procs, used = self._observe(known, servers, errors)
 
         commands: list[str] = []

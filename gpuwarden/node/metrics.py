@@ -119,7 +119,8 @@ class AgentCollector(Collector):
 
         violations = CounterMetricFamily(
             f"{PREFIX}_violations",
-            "Times a container was found above its GPU-memory cap, by the action taken.",
+            "Times a container was found above its GPU-memory cap, by the action taken (a pod's "
+            "series ends when it leaves the node).",
             labels=["node", "namespace", "pod", "action"],
         )
         for (namespace, pod, action), count in sorted(agent.violation_counts().items()):

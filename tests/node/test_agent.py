@@ -152,6 +152,19 @@ def test_a_container_over_its_cap_gets_one_event_per_episode(
     assert agent.violation_counts() == {("team-a", "train-a", "event"): 2}
 
 
+def test_a_pod_that_left_the_node_is_forgotten(
+    nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
+) -> None:
+    """Its violation counter (a metric series per pod) goes with it, so the agent's memory and
+    series do not grow with every pod the node ever ran."""
+    agent = agent_for(nvml, control, proc)
+    with_client(nvml, proc, fake_mps, 9001, 5 * GiB)
+    agent.tick([pod_a()])
+    assert agent.violation_counts() == {("team-a", "train-a", "event"): 1}
+    agent.tick([pod_b()])
+    assert agent.violation_counts() == {}
+
+
 def test_terminate_sends_terminate_client_to_the_clients_server(
     nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
 ) -> None:
@@ -337,11 +350,12 @@ def test_metrics_show_usage_against_cap(
     assert sample(agent, "gpuwarden_node_gpu_memory_total_bytes", gpu="0") == 40 * GiB
     assert sample(agent, "gpuwarden_node_mps_servers") == 1
     assert sample(agent, "gpuwarden_node_mps_daemon_healthy") == 1
-    # the pod leaves: its gauges go with it (the counter stays, as counters do)
+    # the pod leaves: its series go with it, the counter too (series per pod name would
+    # otherwise grow with every pod the node ever ran)
     nvml.exit(9001)
     agent.tick([])
     assert sample(agent, "gpuwarden_node_pod_gpu_memory_used_bytes", pod="train-a") is None
-    assert sample(agent, "gpuwarden_node_violations_total", pod="train-a") == 1
+    assert sample(agent, "gpuwarden_node_violations_total", pod="train-a") is None
 
 
 def test_hard_limits_key_on_the_pod_cgroup_before_its_first_process(
