@@ -66,6 +66,10 @@ class ClusterSource(Protocol):
         """What is not synced yet (empty when ready)."""
         ...
 
+    def stale(self) -> list[str]:
+        """Synced caches the API server has not confirmed for a long time (still served)."""
+        ...
+
     def age(self) -> float | None:
         """Seconds since the namespace data was last confirmed."""
         ...
@@ -223,6 +227,7 @@ class WatchedCluster:
         core = k8s_client.CoreV1Api(api)
         scheduling = k8s_client.SchedulingV1Api(api)
         self._core = core
+        self._watch_timeout = watch_timeout
         self._lock = threading.Lock()
         self.namespaces: MappingSink[Mapping[str, str]] = MappingSink(self._rebuild)
         self.priority_classes: MappingSink[PriorityClassInfo] = MappingSink(self._rebuild)
@@ -273,6 +278,20 @@ class WatchedCluster:
         return [
             f"{name} cache not synced" for name, inf in self.informers.items() if not inf.synced
         ]
+
+    def stale(self) -> list[str]:
+        # A healthy watch ends (and the cache is confirmed) every watch_timeout seconds.
+        limit = 3 * self._watch_timeout + 60
+        out = []
+        for name, informer in self.informers.items():
+            age = informer.age()
+            if informer.synced and age is not None and age > limit:
+                error = informer.stats.last_error
+                out.append(
+                    f"{name} cache last confirmed by the API server {age:.0f}s ago"
+                    + (f" (last error: {error})" if error else "")
+                )
+        return out
 
     def age(self) -> float | None:
         return self.informers["namespaces"].age()
@@ -351,6 +370,9 @@ class StaticCluster:
         return self._view
 
     def missing(self) -> list[str]:
+        return []
+
+    def stale(self) -> list[str]:
         return []
 
     def age(self) -> float | None:

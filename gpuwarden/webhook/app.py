@@ -98,6 +98,8 @@ class WebhookContext:
         elif self.certificate_error:
             notes.append(f"new certificate files not loadable yet: {self.certificate_error}")
         missing += self.cluster.missing()
+        # Served anyway: refusing every pod over a slow watch would be worse than stale labels.
+        notes += self.cluster.stale()
         return not missing, missing + notes
 
 

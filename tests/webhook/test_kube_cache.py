@@ -486,3 +486,26 @@ def test_the_caches_sync_under_the_charts_webhook_role(
         as_webhook.close()
         rbac.delete_cluster_role_binding(user)
         rbac.delete_cluster_role(user)
+
+
+def test_a_cache_not_confirmed_for_long_is_reported_but_served(
+    api_client: k8s_client.ApiClient,
+) -> None:
+    now = [1000.0]
+    watched = WatchedCluster(api_client, watch_timeout=60, clock=lambda: now[0])
+    try:
+        watched.start()
+        assert watched.wait_synced(20)
+        assert watched.stale() == []
+        now[0] += 3 * 60 + 61  # three watch timeouts without a word from the API server
+        stale = watched.stale()
+        assert {line.split()[0] for line in stale} == {
+            "namespaces",
+            "priorityclasses",
+            "pods",
+            "configmaps",
+        }
+        assert all("cache last confirmed by the API server 241s ago" in line for line in stale)
+        assert watched.missing() == []  # still served: stale data beats refusing every pod
+    finally:
+        watched.stop()
