@@ -519,9 +519,8 @@ class NodeAgent:
         would otherwise grow with every pod the node ever ran)."""
         uids = {info.ref.uid for info in infos}
         names = {(info.ref.namespace, info.ref.name) for info in infos}
-        state = self._state
-        state.evicted &= uids
-        state.evict_again &= uids
+        # (evict_again is pruned to the pods still over their caps in _enforce.)
+        self._state.evicted &= uids
         with self._lock:
             self._violation_counts = {
                 key: count for key, count in self._violation_counts.items() if key[:2] in names

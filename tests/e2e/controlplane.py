@@ -33,12 +33,12 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Self
+from typing import IO, Any, Self
 
 import yaml
 from cryptography.hazmat.primitives import serialization
@@ -272,6 +272,33 @@ class ControlPlane:
             config_file=str(self.kubeconfig_path)
         )
         return api
+
+    @contextlib.contextmanager
+    def client_as(
+        self, user: str, rules: Sequence[Mapping[str, Any]]
+    ) -> Iterator[k8s_client.ApiClient]:
+        """An ApiClient acting as ``user`` (admin impersonation), who is bound to a ClusterRole
+        named ``user`` with ``rules``; role, binding and client go afterwards."""
+        admin = self.api_client()
+        rbac = k8s_client.RbacAuthorizationV1Api(admin)
+        group = "rbac.authorization.k8s.io"
+        rbac.create_cluster_role({"metadata": {"name": user}, "rules": list(rules)})
+        rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": user},
+                "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": user},
+                "subjects": [{"apiGroup": group, "kind": "User", "name": user}],
+            }
+        )
+        acting = self.api_client()
+        acting.set_default_header("Impersonate-User", user)
+        try:
+            yield acting
+        finally:
+            acting.close()  # type: ignore[no-untyped-call]
+            rbac.delete_cluster_role_binding(user)
+            rbac.delete_cluster_role(user)
+            admin.close()  # type: ignore[no-untyped-call]
 
     def kubectl(
         self, *args: str, check: bool = True, timeout: float = 60.0, input: str | None = None

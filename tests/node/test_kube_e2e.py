@@ -79,6 +79,58 @@ def names(cluster: NodeCluster) -> set[str]:
     return {p["metadata"]["name"] for p in cluster.pods()}
 
 
+def running(
+    core: k8s_client.CoreV1Api, namespace: str, name: str, cid: str, cluster: NodeCluster
+) -> None:
+    """Report the pod's container ``main`` running as ``cid``, as a kubelet would, and wait
+    until the node's pod watch has it."""
+    status = {
+        "phase": "Running",
+        "containerStatuses": [
+            {
+                "name": "main",
+                "containerID": f"containerd://{cid}",
+                "image": "registry.invalid/train:1",
+                "imageID": "",
+                "ready": True,
+                "restartCount": 0,
+                "state": {"running": {}},
+            }
+        ],
+    }
+    core.patch_namespaced_pod_status(name, namespace, {"status": status})
+    assert cluster.start(timeout=15)
+    eventually(
+        lambda: any(p["status"].get("containerStatuses") for p in cluster.pods()),
+        "the pod's container status",
+    )
+
+
+def evicting_agent(
+    node: str,
+    control: ProcessMpsControl,
+    fake_mps: FakeMps,
+    proc: FakeProc,
+    *,
+    uid: str,
+    cid: str,
+    pid: int,
+) -> NodeAgent:
+    """An agent set to evict, on one 40 GiB GPU, where the pod's MPS client ``pid`` uses 6 GiB."""
+    nvml = FakeNvml()
+    nvml.add_gpu(40 * GiB)
+    agent = NodeAgent(
+        AgentConfig(node_name=node, on_violation="evict"), nvml, control, ProcFs(proc.root)
+    )
+    agent.start()
+    fake_mps.add_server(700, uid=1000)
+    proc.add_mps_server(700, 1000)
+    fake_mps.add_client(700, pid)
+    proc.add_pod_process(pid, uid, cid)
+    nvml.run(0, pid, 6 * GiB)
+    return agent
+
+
 def test_the_watch_holds_exactly_this_nodes_pods(
     core: k8s_client.CoreV1Api, namespace: str, node: str, cluster: NodeCluster
 ) -> None:
@@ -198,43 +250,8 @@ def test_a_full_pass_reports_and_evicts_a_pod_over_its_cap(
     cid = container_id(0xE2E)
     pod = create(core, namespace, make_pod("notebook", uid="-", cap="4Gi", threads=25), node)
     uid = pod["metadata"]["uid"]
-    core.patch_namespaced_pod_status(
-        "notebook",
-        namespace,
-        {
-            "status": {
-                "phase": "Running",
-                "containerStatuses": [
-                    {
-                        "name": "main",
-                        "containerID": f"containerd://{cid}",
-                        "image": "registry.invalid/train:1",
-                        "imageID": "",
-                        "ready": True,
-                        "restartCount": 0,
-                        "state": {"running": {}},
-                    }
-                ],
-            }
-        },
-    )
-    assert cluster.start(timeout=15)
-    eventually(
-        lambda: any(p["status"].get("containerStatuses") for p in cluster.pods()),
-        "the pod's container status",
-    )
-
-    nvml = FakeNvml()
-    nvml.add_gpu(40 * GiB)
-    agent = NodeAgent(
-        AgentConfig(node_name=node, on_violation="evict"), nvml, control, ProcFs(proc.root)
-    )
-    agent.start()
-    fake_mps.add_server(700, uid=1000)
-    proc.add_mps_server(700, 1000)
-    fake_mps.add_client(700, 9001)
-    proc.add_pod_process(9001, uid, cid)
-    nvml.run(0, 9001, 6 * GiB)
+    running(core, namespace, "notebook", cid, cluster)
+    agent = evicting_agent(node, control, fake_mps, proc, uid=uid, cid=cid, pid=9001)
 
     report = run_once(agent, cluster)
     assert "set_default_device_pinned_mem_limit 0 4096M" in report.commands
@@ -286,7 +303,6 @@ def test_the_loop_keeps_ticking_until_stopped(
 def test_an_eviction_that_failed_is_asked_again(
     control_plane: Any,
     core: k8s_client.CoreV1Api,
-    api_client: k8s_client.ApiClient,
     namespace: str,
     node: str,
     control: ProcessMpsControl,
@@ -295,79 +311,29 @@ def test_an_eviction_that_failed_is_asked_again(
 ) -> None:
     """An eviction that errors (here 403: the agent's role lacks pods/eviction) is not
     forgotten: once it can succeed, a later pass evicts the pod still over its cap."""
-    rbac = k8s_client.RbacAuthorizationV1Api(api_client)
     user = f"agent-{node}"
     reads = {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     events = {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]}
-    rbac.create_cluster_role({"metadata": {"name": user}, "rules": [reads, events]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": user,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
-    )
-    as_agent = control_plane.api_client()
-    as_agent.set_default_header("Impersonate-User", user)
-    cluster = NodeCluster(as_agent, node, watch_timeout=5)
-    try:
-        cid = container_id(0xE2F)
-        pod = create(core, namespace, make_pod("greedy", uid="-", cap="4Gi"), node)
-        uid = pod["metadata"]["uid"]
-        core.patch_namespaced_pod_status(
-            "greedy",
-            namespace,
-            {
-                "status": {
-                    "phase": "Running",
-                    "containerStatuses": [
-                        {
-                            "name": "main",
-                            "containerID": f"containerd://{cid}",
-                            "image": "registry.invalid/train:1",
-                            "imageID": "",
-                            "ready": True,
-                            "restartCount": 0,
-                            "state": {"running": {}},
-                        }
-                    ],
-                }
-            },
-        )
-        assert cluster.start(timeout=15)
-        eventually(
-            lambda: any(p["status"].get("containerStatuses") for p in cluster.pods()),
-            "the pod's container status",
-        )
-        nvml = FakeNvml()
-        nvml.add_gpu(40 * GiB)
-        agent = NodeAgent(
-            AgentConfig(node_name=node, on_violation="evict"), nvml, control, ProcFs(proc.root)
-        )
-        agent.start()
-        fake_mps.add_server(700, uid=1000)
-        proc.add_mps_server(700, 1000)
-        fake_mps.add_client(700, 9002)
-        proc.add_pod_process(9002, uid, cid)
-        nvml.run(0, 9002, 6 * GiB)
+    with control_plane.client_as(user, [reads, events]) as as_agent:
+        cluster = NodeCluster(as_agent, node, watch_timeout=5)
+        try:
+            cid = container_id(0xE2F)
+            pod = create(core, namespace, make_pod("greedy", uid="-", cap="4Gi"), node)
+            uid = pod["metadata"]["uid"]
+            running(core, namespace, "greedy", cid, cluster)
+            agent = evicting_agent(node, control, fake_mps, proc, uid=uid, cid=cid, pid=9002)
 
-        def terminating() -> bool:
-            return (
-                core.read_namespaced_pod("greedy", namespace).metadata.deletion_timestamp
-                is not None
+            def terminating() -> bool:
+                pod = core.read_namespaced_pod("greedy", namespace)
+                return pod.metadata.deletion_timestamp is not None
+
+            run_once(agent, cluster)  # the eviction is refused: 403
+            assert not terminating()
+            evictions = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+            rbac = k8s_client.RbacAuthorizationV1Api(core.api_client)
+            rbac.patch_cluster_role(user, {"rules": [reads, events, evictions]})
+            eventually(
+                lambda: run_once(agent, cluster) and terminating(), "the eviction, asked again"
             )
-
-        run_once(agent, cluster)  # the eviction is refused: 403
-        assert not terminating()
-        evictions = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
-        rbac.patch_cluster_role(user, {"rules": [reads, events, evictions]})
-        eventually(lambda: run_once(agent, cluster) and terminating(), "the eviction, asked again")
-    finally:
-        cluster.stop()
-        as_agent.close()
-        rbac.delete_cluster_role_binding(user)
-        rbac.delete_cluster_role(user)
+        finally:
+            cluster.stop()

@@ -452,40 +452,24 @@ def test_certs_rotate_ca_publishes_the_bundle_before_moving_the_serving_cert(
 
 @pytest.mark.helm
 def test_the_caches_sync_under_the_charts_webhook_role(
-    control_plane: ControlPlane, api_client: k8s_client.ApiClient, namespace: str
+    control_plane: ControlPlane, namespace: str
 ) -> None:
     """The chart grants the webhook only list/watch (and get on namespaces): enough for every
     cache and for a live namespace read, as the API server authorizes them."""
     role = template().one("ClusterRole", f"{FULLNAME}-webhook")
     user = f"webhook-{uuid.uuid4().hex[:8]}"
-    rbac = k8s_client.RbacAuthorizationV1Api(api_client)
-    rbac.create_cluster_role({"metadata": {"name": user}, "rules": role["rules"]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": user},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": user,
-            },
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}],
-        }
-    )
-    as_webhook = control_plane.api_client()
-    as_webhook.set_default_header("Impersonate-User", user)
-    watched = WatchedCluster(as_webhook, watch_timeout=5)
-    try:
-        watched.start()
-        assert watched.wait_synced(20), watched.stats()
-        assert all(s.errors == 0 for s in watched.stats().values()), watched.stats()
-        assert namespace in watched.view().namespace_labels
-        # the live read of a namespace the cache has not seen yet
-        assert k8s_client.CoreV1Api(as_webhook).read_namespace(namespace).metadata.name == namespace
-    finally:
-        watched.stop()
-        as_webhook.close()
-        rbac.delete_cluster_role_binding(user)
-        rbac.delete_cluster_role(user)
+    with control_plane.client_as(user, role["rules"]) as as_webhook:
+        watched = WatchedCluster(as_webhook, watch_timeout=5)
+        try:
+            watched.start()
+            assert watched.wait_synced(20), watched.stats()
+            assert all(s.errors == 0 for s in watched.stats().values()), watched.stats()
+            assert namespace in watched.view().namespace_labels
+            # the live read of a namespace the cache has not seen yet
+            core = k8s_client.CoreV1Api(as_webhook)
+            assert core.read_namespace(namespace).metadata.name == namespace
+        finally:
+            watched.stop()
 
 
 def test_a_cache_not_confirmed_for_long_is_reported_but_served(
