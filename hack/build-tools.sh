@@ -2,23 +2,27 @@
 # Build (only when missing) the binaries the e2e and chart suites need, from Go
 # module sources fetched through the Go module proxy:
 #
-#   kube-apiserver, kubectl  k8s.io/kubernetes   (cmd/kube-apiserver, cmd/kubectl)
-#   etcd                     go.etcd.io/etcd/server/v3
-#   helm                     helm.sh/helm/v4/cmd/helm
+#   kube-apiserver, kubectl,  k8s.io/kubernetes   (cmd/kube-apiserver, cmd/kubectl,
+#   kube-scheduler                                 cmd/kube-scheduler)
+#   etcd                      go.etcd.io/etcd/server/v3
+#   helm                      helm.sh/helm/v4/cmd/helm
+#   kwok                      sigs.k8s.io/kwok/cmd/kwok (fake nodes for the scheduling lab)
 #
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL= and HELM= lines (absolute paths). Go's module and build caches stay
-# in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are warm.
+# KUBECTL=, HELM=, KUBE_SCHEDULER= and KWOK= lines (absolute paths). Go's module and
+# build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are warm.
 #
 # `go install pkg@version` refuses k8s.io/kubernetes (and etcd's server module)
 # because their go.mod files carry replace directives pointing into their own
 # source trees. Instead this script generates a throwaway build module under
 # ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
 # staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
+# kwok's go.mod has no replace directives, so it builds with plain `go install`.
 #
-# Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION; the Go
+# Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION,
+# KWOK_VERSION; the Go
 # toolchain with GO.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -26,6 +30,7 @@ shopt -s inherit_errexit
 KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
+KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 
 cache="${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}"
 mkdir -p "$cache"
@@ -35,6 +40,8 @@ kube_apiserver="$cache/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
 kubectl="$cache/kubectl-$KUBERNETES_VERSION/kubectl"
 etcd="$cache/etcd-$ETCD_VERSION/etcd"
 helm="$cache/helm-$HELM_VERSION/helm"
+kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
+kwok="$cache/kwok-$KWOK_VERSION/kwok"
 
 log() { printf 'build-tools: %s\n' "$*" >&2; }
 
@@ -59,6 +66,8 @@ write_env() {
 		echo "ETCD=$etcd"
 		echo "KUBECTL=$kubectl"
 		echo "HELM=$helm"
+		echo "KUBE_SCHEDULER=$kube_scheduler"
+		echo "KWOK=$kwok"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
 }
@@ -169,6 +178,19 @@ build_helm() {
 		"helm.sh/helm/v4/cmd/helm@$HELM_VERSION"
 }
 
+build_kwok() {
+	local bindir
+	bindir="$(dirname "$kwok")"
+	mkdir -p "$bindir"
+	# Into a temporary GOBIN, then moved: a half-written binary never counts as present.
+	rm -rf "$bindir/.gobin"
+	GOBIN="$bindir/.gobin" "$GO" install -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" \
+		"sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+	mv -f "$bindir/.gobin/kwok" "$kwok"
+	rm -rf "$bindir/.gobin"
+}
+
 # Everything runs inside main, which bash parses whole before running, so editing this file
 # while a (long) build is in progress cannot derail that build.
 main() {
@@ -177,7 +199,8 @@ main() {
 	flock 9
 
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
-	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" ]]; then
+	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
+		-x "$kube_scheduler" && -x "$kwok" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -200,6 +223,12 @@ main() {
 	fi
 	if [[ ! -x "$helm" ]]; then
 		timed "helm $HELM_VERSION" build_helm
+	fi
+	if [[ ! -x "$kube_scheduler" ]]; then
+		timed "kube-scheduler $KUBERNETES_VERSION" build_kube "$kube_scheduler" k8s.io/kubernetes/cmd/kube-scheduler
+	fi
+	if [[ ! -x "$kwok" ]]; then
+		timed "kwok $KWOK_VERSION" build_kwok
 	fi
 	log "done in $((SECONDS - total))s"
 
