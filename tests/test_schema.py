@@ -87,7 +87,7 @@ def test_every_model_field_is_in_the_schema_and_the_field_table() -> None:
     for name in aliases(Tenant):
         assert f"| `spec.tenants[].{name}` |" in table
     assert "| `spec.workloads[].match.taskNames` | list of string |  | kind kfp-step only." in table
-    assert "| `spec.profiles[].gpus` | integer (0..64) | `1` |" in table
+    assert "| `spec.profiles[].gpus` | integer (0..64) |  | GPUs per container" in table
 
 
 def test_descriptions_survive_and_defaults_are_described() -> None:

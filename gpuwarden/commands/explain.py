@@ -54,13 +54,15 @@ def run(args: argparse.Namespace) -> int:
                 f"  profile:  {profile.name} via {placement.origin} (policy {profile.policy})\n"
             )
             out.write(
-                f"            {'shared' if profile.gpu_share else 'exclusive'}, {profile.gpus} GPU, cap {cap}, "
+                f"            {'shared' if profile.gpu_share else 'exclusive'}, cap {cap}, "
                 f"overcommit {profile.overcommit_ratio:g}, backend {profile.backend.type}, "
                 f"priority {profile.priority_class_name}={profile.priority}\n"
             )
             if profile.overridden:
                 out.write(f"            tenant overrides: {', '.join(profile.overridden)}\n")
             out.write(f"  containers: {', '.join(placement.containers) or '-'}\n")
+            for granted in placement.container_grants:
+                out.write(f"  gpus:     {granted.name} {granted.gpus}: {granted.count_reason()}\n")
         for problem in placement.problems:
             out.write(f"  problem:  {problem}\n")
         out.write(f"  changes:  {len(result.mutation.patch)} patch operation(s)\n")

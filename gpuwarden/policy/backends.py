@@ -115,6 +115,13 @@ def _native(backend: NativeBackend, profile: ResolvedProfile) -> BackendPlan:
     return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, notes=notes, shared=False)
 
 
+def shared_slices_per_container(profile: ResolvedProfile) -> int | None:
+    """How many shared slices one container may hold on the profile's backend; None: any number
+    (Volcano's and HAMi's device plugins give each slice its own GPU)."""
+    # NVIDIA's device plugin gives an MPS client one replica and refuses requests for more.
+    return 1 if isinstance(profile.backend, NvidiaBackend) else None
+
+
 def plan_for(
     profile: ResolvedProfile, *, queue: str | None = None, mps: MpsSettings | None = None
 ) -> BackendPlan:

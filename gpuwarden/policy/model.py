@@ -241,11 +241,11 @@ class Profile(_ProfileSettings):
         description="true: a fraction of a shared GPU; false: whole GPUs used exclusively",
     )
     gpus: int | None = Field(
-        default=1,
+        default=None,
         ge=0,
         le=64,
         description="GPUs per container: whole GPUs when exclusive, shared slices when shared; "
-        "0 gives the step no GPU",
+        "0 gives the step no GPU. Unset: the count the container asks for (1 if it names none)",
     )
     overcommit_ratio: float | None = Field(
         default=1.0,

@@ -10,16 +10,23 @@ from gpuwarden.policy import keys
 from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.patch import PatchBuilder
-from gpuwarden.policy.placement import Placement, place
+from gpuwarden.policy.placement import ContainerGrant, Placement, place
 from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.quantity import (
     QuantityError,
     format_bytes,
     format_mebibytes,
     parse_non_negative,
+    parse_quantity,
 )
 from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.resources import ContainerRef, annotations_of, containers, is_gpu_resource
+from gpuwarden.policy.resources import (
+    GPU_COUNT_RESOURCES,
+    ContainerRef,
+    annotations_of,
+    containers,
+    is_gpu_resource,
+)
 
 # The decision annotations desired_annotations() writes only for some profiles: when a
 # reinvocation (e.g. after Katib's webhook added the trial labels) changes the profile, or a user
@@ -54,16 +61,42 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
-def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant) -> None:
+def _same_quantity(old: Any, new: str) -> bool:
+    if str(old) == new:
+        return True
+    try:
+        return parse_quantity(old) == parse_quantity(new)
+    except QuantityError:
+        return False
+
+
+def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     base = [*ref.path, "resources"]
+    # A value the container set that the profile replaces or removes is said in a warning (the
+    # GPU count has its own line in the summary): the policy's word wins, never silently.
+    replaced: dict[str, str] = {}
     for section, values in (("limits", grant.limits), ("requests", grant.requests)):
         path = [*base, section]
         current = patch.get(path)
         if isinstance(current, dict):
             stale = [n for n in current if n not in values and is_gpu_resource(str(n))]
             for name in sorted(stale):
+                if name not in GPU_COUNT_RESOURCES:
+                    replaced[name] = f"removed {name} {current[name]}"
                 patch.remove([*path, name])
+            for name, value in values.items():
+                old = current.get(name)
+                if (
+                    old is not None
+                    and name not in GPU_COUNT_RESOURCES
+                    and not _same_quantity(old, value)
+                ):
+                    replaced[name] = f"{name} {old} -> {value}"
         patch.merge(path, values)
+    notes += [
+        f"{ref.name}: {replaced[name]} (profile {grant.profile.name} sets it)"
+        for name in sorted(replaced)
+    ]
 
 
 # The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.
@@ -125,8 +158,16 @@ def _priority(profile: ResolvedProfile, cluster: ClusterView) -> tuple[int, str]
     return profile.priority, profile.preemption_policy
 
 
-def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: ClusterView) -> None:
+def _set_priority(
+    patch: PatchBuilder, profile: ResolvedProfile, cluster: ClusterView, notes: list[str]
+) -> None:
     value, preemption = _priority(profile, cluster)
+    current = patch.get(["spec", "priorityClassName"])
+    if current not in (None, "", profile.priority_class_name):
+        notes.append(
+            f"replaced priorityClassName {current} with {profile.priority_class_name} "
+            f"(profile {profile.name} sets the priority)"
+        )
     # The Priority admission plugin runs again after webhooks and rejects a pod whose priority
     # or preemptionPolicy disagrees with its class, so all three change together.
     patch.merge(
@@ -139,7 +180,15 @@ def _set_priority(patch: PatchBuilder, profile: ResolvedProfile, cluster: Cluste
     )
 
 
-def _set_placement(patch: PatchBuilder, grant: Grant) -> None:
+def _set_placement(patch: PatchBuilder, grant: Grant, notes: list[str]) -> None:
+    current = patch.get(["spec", "nodeSelector"])
+    if isinstance(current, dict):
+        for key, value in grant.node_selector.items():
+            if current.get(key) not in (None, value):
+                notes.append(
+                    f"replaced nodeSelector {key}={current[key]} with {key}={value} "
+                    f"(profile {grant.profile.name}'s GPU pool)"
+                )
     patch.merge(["spec", "nodeSelector"], grant.node_selector)
     for wanted in grant.tolerations:
         current = patch.get(["spec", "tolerations"])
@@ -147,24 +196,35 @@ def _set_placement(patch: PatchBuilder, grant: Grant) -> None:
             patch.append(["spec", "tolerations"], wanted)
 
 
+def _gpu_lines(granted: ContainerGrant, plan: BackendPlan, profile: ResolvedProfile) -> list[str]:
+    name, backend = granted.name, profile.backend.type
+    if plan.shared:
+        cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
+        reserved = profile.reserved_memory
+        extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
+        line = f"{name}: {granted.gpus} shared GPU, {cap} GPU-memory cap{extra} on {backend}"
+    else:
+        line = f"{name}: {granted.gpus} whole GPU(s) on {backend}"
+    lines = [f"gpuwarden: {line}"]
+    if granted.overridden:
+        # The one change to what a user asked that must never pass unnoticed.
+        lines.append(
+            f"gpuwarden: {name} asked for {granted.asked} GPU{'' if granted.asked == 1 else 's'}; "
+            f"{profile.gpus_set_by} sets gpus: {granted.gpus}"
+        )
+    return lines
+
+
 def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterView) -> list[str]:
     profile = placement.profile
     assert profile is not None
     who = f"tenant {placement.tenant.name}" if placement.tenant else "no tenant"
     lines = [f"gpuwarden: profile {profile.name} via {placement.origin} ({who})"]
-    target = ",".join(placement.containers)
     if plan is None:
-        lines.append(f"gpuwarden: {target}: no GPU for this profile")
-    elif plan.shared:
-        cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
-        reserved = profile.reserved_memory
-        extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
-        lines.append(
-            f"gpuwarden: {target}: {profile.gpus} shared GPU, {cap} GPU-memory cap{extra} "
-            f"on {profile.backend.type}"
-        )
+        lines.append(f"gpuwarden: {','.join(placement.containers)}: no GPU for this profile")
     else:
-        lines.append(f"gpuwarden: {target}: {profile.gpus} whole GPU(s) on {profile.backend.type}")
+        for granted in placement.container_grants:
+            lines += _gpu_lines(granted, plan, profile)
     priority, _ = _priority(profile, cluster)
     lines.append(
         f"gpuwarden: priorityClassName {profile.priority_class_name} (priority {priority})"
@@ -187,13 +247,13 @@ def apply_placement(
     backend_plan = grant.plan
     patch = PatchBuilder(pod)
     notes: list[str] = []
-    targets = placement.containers
-    env = backend_plan.env if backend_plan is not None else {}
+    targets = {granted.name: granted.grant for granted in placement.container_grants}
     for ref in containers(pod, "containers"):
-        if ref.name not in targets:
+        own = targets.get(ref.name)
+        if own is None:
             continue
-        _set_resources(patch, ref, grant)
-        _set_env(patch, ref, env, notes)
+        _set_resources(patch, ref, own, notes)
+        _set_env(patch, ref, own.plan.env if own.plan is not None else {}, notes)
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
@@ -202,8 +262,8 @@ def apply_placement(
     patch.discard(
         ["metadata", "annotations"], [key for key in _CONDITIONAL_ANNOTATIONS if key not in wanted]
     )
-    _set_priority(patch, profile, cluster)
-    _set_placement(patch, grant)
+    _set_priority(patch, profile, cluster, notes)
+    _set_placement(patch, grant, notes)
     return patch, notes
 
 
@@ -262,7 +322,8 @@ def mutate_pod(
 
 
 def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:
-    """GPU memory a mutated pod holds against its tenant's quota: its cap per GPU container."""
+    """GPU memory a mutated pod holds against its tenant's quota: its cap on each GPU of each
+    GPU container (a container's own count, else the gpu-count annotation)."""
     annotations = annotations_of(pod)
     cap = annotations.get(keys.ANNOTATION_GPU_MEMORY_LIMIT)
     names = [n for n in annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",") if n]
@@ -270,7 +331,17 @@ def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:
     if cap is None:
         return Decimal(0)
     try:
-        per_container = parse_non_negative(cap) * max(int(gpus), 1)
+        per_gpu = parse_non_negative(cap)
+        recorded = max(int(gpus), 1)
     except (QuantityError, ValueError):
         return Decimal(0)
-    return per_container * max(len(names), 1)
+    counts = {ref.name: ref for ref in containers(pod, "containers") if ref.name in names}
+    total = 0
+    for name in names or [""]:
+        ref = counts.get(name)
+        try:
+            asked = ref.asked_gpus() if ref is not None else None
+        except QuantityError:
+            asked = None
+        total += asked or recorded
+    return per_gpu * total

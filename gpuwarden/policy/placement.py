@@ -7,9 +7,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuwarden.policy import keys
+from gpuwarden.policy.backends import shared_slices_per_container
 from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
 from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
 from gpuwarden.policy.policyset import Grant, PolicySet
+from gpuwarden.policy.quantity import QuantityError
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import (
     annotations_of,
@@ -20,6 +22,34 @@ from gpuwarden.policy.resources import (
 from gpuwarden.policy.workloads import SIDECARS, Workload, identify
 
 Source = Literal["rule", "label", "default", "skip", "none"]
+
+
+@dataclass(frozen=True)
+class ContainerGrant:
+    """What one target container gets, beside what it asked for."""
+
+    name: str
+    grant: Grant
+    asked: int | None  # the GPUs the container asked for; None when it named no count
+
+    @property
+    def gpus(self) -> int:
+        return self.grant.profile.gpus
+
+    def count_reason(self) -> str:
+        """Why the container gets its GPU count, for warnings and `explain`."""
+        profile = self.grant.profile
+        if profile.gpus_set_by is not None:
+            asked = "" if self.asked in (None, self.gpus) else f" (it asked for {self.asked})"
+            return f"{profile.gpus_set_by} sets gpus: {self.gpus}{asked}"
+        if self.asked is None:
+            return f"it names no GPU count and profile {profile.name} sets none: 1"
+        return f"the count it asks for; profile {profile.name} sets none"
+
+    @property
+    def overridden(self) -> bool:
+        """Whether the policy's count replaced the one the container asked for."""
+        return self.asked is not None and self.asked != self.gpus
 
 
 @dataclass(frozen=True)
@@ -40,6 +70,13 @@ class Placement:
     rules_tried: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
     facts: PodFacts | None = None
     asks_for_gpu: bool = False
+    # One per target container, in the order of `containers`; `grant` is the one with the most
+    # GPUs (its annotations describe the pod).
+    container_grants: tuple[ContainerGrant, ...] = ()
+
+    @property
+    def total_gpus(self) -> int:
+        return sum(c.gpus for c in self.container_grants)
 
     @property
     def trace(self) -> tuple[tuple[str, MatchResult], ...]:
@@ -111,6 +148,44 @@ def target_containers(
     return ()
 
 
+def _container_grants(
+    pod: Mapping[str, Any],
+    chosen: tuple[str, ...],
+    policies: PolicySet,
+    profile_name: str,
+    tenant: Tenant | None,
+) -> tuple[tuple[ContainerGrant, ...], tuple[str, ...]]:
+    """Each target container's grant (its own GPU count, unless the policy sets one), and the
+    counts no grant can honour."""
+    refs = {ref.name: ref for ref in containers(pod, "containers")}
+    grants: list[ContainerGrant] = []
+    problems: list[str] = []
+    for name in chosen:
+        try:
+            asked = refs[name].asked_gpus()
+        except QuantityError as exc:
+            problems.append(f"spec.containers[{name}].{exc}")
+            asked = None
+        grant = policies.grant(profile_name, tenant, asked)
+        profile = grant.profile
+        slices = shared_slices_per_container(profile)
+        if (
+            asked is not None
+            and profile.gpus_set_by is None
+            and profile.gpu_share
+            and slices is not None
+            and asked > slices
+        ):
+            problems.append(
+                f"spec.containers[{name}] asks for {asked} GPUs, but profile {profile.name} shares "
+                f"GPUs through MPS on the {profile.backend.type} backend, where a container gets "
+                f"{slices} replica; ask for {slices} GPU, or use an exclusive profile "
+                f"(label {keys.PROFILE_LABEL})"
+            )
+        grants.append(ContainerGrant(name, grant, asked))
+    return tuple(grants), tuple(problems)
+
+
 def _label_profile(
     policies: PolicySet, tenant: Tenant | None, requested: str
 ) -> tuple[str | None, str | None]:
@@ -157,6 +232,12 @@ def place(
         chosen = target_containers(pod, rule, workload, profile) if profile is not None else ()
         if profile is not None and not chosen:
             problems += ("no container to give the GPU to (check the rule's containers)",)
+        granted: tuple[ContainerGrant, ...] = ()
+        if profile_name and chosen:
+            granted, count_problems = _container_grants(pod, chosen, policies, profile_name, tenant)
+            problems += count_problems
+            grant = max(granted, key=lambda c: c.gpus).grant
+            profile = grant.profile
         return Placement(
             source,
             tenant,
@@ -170,6 +251,7 @@ def place(
             rules_tried=policies.rules[:tried],
             facts=facts,
             asks_for_gpu=asks_for_gpu,
+            container_grants=granted,
         )
 
     requested = labels.get(keys.PROFILE_LABEL)

@@ -15,6 +15,10 @@ from gpuwarden.policy.quantity import format_bytes, format_mebibytes
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.selectors import selector_matches
 
+# Pod-sized grants for 2..this many GPUs per container are computed at load; larger counts (rare,
+# and usually denied by a tenant limit) are computed per decision.
+PRECOMPUTED_GPU_COUNTS = 16
+
 
 @dataclass(frozen=True)
 class Grant:
@@ -29,6 +33,7 @@ class Grant:
     requests: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)  # sorted by key
     tolerations: tuple[Mapping[str, Any], ...] = ()  # as the pod spec writes them
+    tenant: Tenant | None = None
 
 
 def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
@@ -37,7 +42,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_TENANT] = tenant.name
     if profile.gpus == 0:
         out[keys.ANNOTATION_GPU_COUNT] = "0"
-        return _with_pod_fields(Grant(profile, None, out))
+        return _with_pod_fields(Grant(profile, None, out, tenant=tenant))
     plan = plan_for(profile, queue=tenant.queue if tenant is not None else None)
     out |= {
         keys.ANNOTATION_BACKEND: profile.backend.type,
@@ -52,7 +57,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_OVERCOMMIT_RATIO] = f"{profile.overcommit_ratio:g}"
     if profile.thread_percentage is not None:
         out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
-    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations)))
+    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations), tenant=tenant))
 
 
 def _with_pod_fields(grant: Grant) -> Grant:
@@ -85,6 +90,8 @@ class PolicySet:
     default_profile: str | None = None
     # Every (tenant, profile) grant, computed once at load: decisions only look them up.
     grants: Mapping[tuple[str | None, str], Grant] = field(default_factory=dict)
+    # Grants of profiles that leave the count to the pod, for the counts pods usually ask.
+    sized_grants: Mapping[tuple[str | None, str, int], Grant] = field(default_factory=dict)
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -116,7 +123,13 @@ class PolicySet:
             for tenant in (None, *tenants)
             for name in profiles
         }
-        return replace(unresolved, grants=grants)
+        sized = {
+            (tenant, name, gpus): _grant(replace(grant.profile, gpus=gpus), grant.tenant)
+            for (tenant, name), grant in grants.items()
+            if grant.profile.gpus_set_by is None
+            for gpus in range(2, PRECOMPUTED_GPU_COUNTS + 1)
+        }
+        return replace(unresolved, grants=grants, sized_grants=sized)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -137,9 +150,17 @@ class PolicySet:
         """The profile as the tenant gets it. Raises KeyError for an unknown profile."""
         return self.grant(profile_name, tenant).profile
 
-    def grant(self, profile_name: str, tenant: Tenant | None) -> Grant:
-        """The profile, its backend plan and its annotations, as the tenant gets them."""
-        return self.grants[(tenant.name if tenant else None, profile_name)]
+    def grant(self, profile_name: str, tenant: Tenant | None, asked: int | None = None) -> Grant:
+        """The profile, its backend plan and its annotations, as the tenant gets them, for a
+        container that asks for `asked` GPUs (kept unless the profile or an override sets gpus)."""
+        key = (tenant.name if tenant else None, profile_name)
+        base = self.grants[key]
+        if asked is None or asked == base.profile.gpus or base.profile.gpus_set_by is not None:
+            return base
+        sized = self.sized_grants.get((*key, asked))
+        if sized is not None:
+            return sized
+        return _grant(replace(base.profile, gpus=asked), tenant)
 
     def _resolve(self, profile_name: str, tenant: Tenant | None) -> ResolvedProfile:
         profile = self.profiles[profile_name]
@@ -152,6 +173,11 @@ class PolicySet:
         }
         merged = profile.model_copy(update=changed) if changed else profile
         max_memory = merged.max_memory
+        gpus_set_by = None
+        if "gpus" in changed and tenant is not None:
+            gpus_set_by = f"tenant {tenant.name}'s override"
+        elif profile.gpus is not None:
+            gpus_set_by = f"profile {profile.name}"
         return ResolvedProfile(
             name=profile.name,
             policy=policy.metadata.name,
@@ -170,4 +196,5 @@ class PolicySet:
             node_selector=dict(merged.node_selector or {}),
             tolerations=tuple(merged.tolerations or ()),
             overridden=tuple(sorted(to_camel(name) for name in changed)),
+            gpus_set_by=gpus_set_by,
         )

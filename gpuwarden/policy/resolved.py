@@ -30,6 +30,10 @@ class ResolvedProfile:
     node_selector: Mapping[str, str]
     tolerations: tuple[Toleration, ...]
     overridden: tuple[str, ...] = ()
+    # Who set `gpus` ("profile <name>" or "tenant <name>'s override"); None: the policy is silent,
+    # so each container keeps the count it asks for and `gpus` is only the count for one that
+    # names none.
+    gpus_set_by: str | None = None
 
     @property
     def reserved_memory(self) -> Decimal | None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
+from gpuwarden.policy.quantity import QuantityError, parse_count
+
 # Every extended resource by which a container can ask for (part of) an NVIDIA GPU, across the
 # backends gpuwarden knows; a governed container keeps only the ones its backend sets.
 GPU_RESOURCES: frozenset[str] = frozenset(
@@ -80,6 +82,20 @@ class ContainerRef(NamedTuple):
             if isinstance(section, dict) and any(is_gpu_resource(str(k)) for k in section):
                 return True
         return False
+
+    def asked_gpus(self) -> int | None:
+        """The GPUs the container asks for: its largest GPU count resource, None when it names
+        none (or 0). Raises QuantityError, naming the field, for a count that is not whole."""
+        best = 0
+        for section in ("limits", "requests"):
+            for name, value in self.resources(section).items():
+                if name not in GPU_COUNT_RESOURCES:
+                    continue
+                try:
+                    best = max(best, parse_count(value))
+                except QuantityError as exc:
+                    raise QuantityError(f"resources.{section}[{name}]: {exc}") from None
+        return best or None
 
     def env(self) -> list[Mapping[str, Any]]:
         env = self.body.get("env")

@@ -52,21 +52,35 @@ def _where(ref: ContainerRef) -> str:
 
 
 def _quantity_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
-    """Invalid quantities are denied, never silently read as zero."""
+    """Invalid quantities are denied, never silently read as zero; so is a request above its
+    limit (a profile's cpu or hostMemory can make one), with the fix rather than the API
+    server's later rejection."""
     for ref in containers(pod):
+        values: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
         for section in ("limits", "requests"):
             for name, value in ref.resources(section).items():
                 try:
                     if is_gpu_resource(str(name)):
                         parse_count(value)
                     else:
-                        parse_non_negative(value)
+                        values[section][str(name)] = parse_non_negative(value)
                 except QuantityError as exc:
                     yield Violation(
                         "quantities",
                         "InvalidQuantity",
                         f"{_where(ref)}.resources.{section}[{name}]: {exc}",
                     )
+        for name, requested in sorted(values["requests"].items()):
+            limit = values["limits"].get(name)
+            if limit is not None and requested > limit:
+                yield Violation(
+                    "quantities",
+                    "RequestAboveLimit",
+                    f"{_where(ref)}.resources.requests[{name}] "
+                    f"{ref.resources('requests')[name]} is more than its limit "
+                    f"{ref.resources('limits')[name]}; raise limits[{name}] to at least the "
+                    "request or remove it",
+                )
 
 
 # --- isolation escapes ---------------------------------------------------------------------
@@ -303,6 +317,33 @@ def _allowed(tenant: Tenant | None, cluster: ClusterView) -> list[str]:
     return list(tenant.limits.allowed_profiles)
 
 
+def _too_many_gpus(placement: Placement, tenant: str, limit: int) -> str:
+    """The denial for a pod over maxGpusPerPod: which containers, what set their counts, what
+    to change."""
+    granted = placement.container_grants
+    profile = placement.profile.name if placement.profile else "?"
+    total = placement.total_gpus
+    allows = f"tenant {tenant} allows at most {limit} per pod"
+    set_by = sorted({c.grant.profile.gpus_set_by or "" for c in granted} - {""})
+    if len(granted) == 1 and not set_by:
+        name = granted[0].name
+        return (
+            f"container {name} asks for {total} GPUs (profile {profile}, {placement.origin}) "
+            f"but {allows}; ask for at most {limit} in spec.containers[{name}].resources"
+        )
+    counts = ", ".join(f"{c.name} {c.gpus}" for c in granted)
+    fix = (
+        f"{' and '.join(set_by)} sets the count, so use a profile with fewer GPUs "
+        f"(label {keys.PROFILE_LABEL})"
+        if set_by
+        else "ask for fewer GPUs per container"
+    )
+    return (
+        f"the pod would get {total} GPUs ({counts}; profile {profile}, {placement.origin}) "
+        f"but {allows}; {fix}"
+    )
+
+
 def _tenant_limit_violations(placement: Placement) -> Iterator[Violation]:
     tenant, profile = placement.tenant, placement.profile
     if tenant is None or profile is None:
@@ -316,19 +357,18 @@ def _tenant_limit_violations(placement: Placement) -> Iterator[Violation]:
             f"use one of: {', '.join(limits.allowed_profiles)} "
             f"(label {keys.PROFILE_LABEL})",
         )
-    count = len(placement.containers)
-    gpus = profile.gpus * count
+    granted = placement.container_grants
+    gpus = placement.total_gpus
     if limits.max_gpus_per_pod is not None and gpus > limits.max_gpus_per_pod:
         yield Violation(
             "tenant_limits",
             "TenantLimit",
-            f"the pod would get {gpus} GPUs (profile {profile.name}) but tenant {tenant.name} "
-            f"allows at most {limits.max_gpus_per_pod} per pod; ask for fewer GPUs",
+            _too_many_gpus(placement, tenant.name, limits.max_gpus_per_pod),
         )
     if limits.max_gpu_memory_per_pod is not None and profile.max_memory is not None:
         cap = parse_non_negative(limits.max_gpu_memory_per_pod)
-        memory = profile.max_memory * max(profile.gpus, 1) * count
-        if profile.gpus and memory > cap:
+        memory = profile.max_memory * sum(max(c.gpus, 1) for c in granted)
+        if gpus and memory > cap:
             yield Violation(
                 "tenant_limits",
                 "TenantLimit",
@@ -431,7 +471,8 @@ def violations(
     for check, run in _checks(request, placement, policies, cluster):
         if check != "quantities" and not getattr(enforcement, check):
             continue
-        found += list(run())
+        # A count the placement could not read is also an invalid quantity: say it once.
+        found += [v for v in run() if v.message not in placement.problems]
     return placement, found
 
 

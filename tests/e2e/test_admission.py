@@ -278,6 +278,49 @@ def test_tenant_overrides_apply_in_tenant_a(gpuwarden: WebhookStack) -> None:
 
 
 @pytest.mark.parametrize(
+    ("file", "container", "gpus"),
+    [("pytorchjob-worker-8-gpus.yaml", "pytorch", "8"), ("trainjob-node-4-gpus.yaml", "node", "4")],
+)
+def test_a_training_job_keeps_the_gpus_it_asks_for(
+    gpuwarden: WebhookStack, file: str, container: str, gpus: str
+) -> None:
+    """heavy-training sets no count, so torchrun's 8 (or 4) ranks get their 8 (or 4) GPUs.
+
+    In tenant-a (at most 8 GPUs a pod), as a server-side dry run: the API server runs both
+    webhooks and returns the pod as it would store it, and the 640Gi of GPU memory an 8-GPU
+    worker holds is never charged to the tenant's quota for the tests after this one.
+    """
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    pod = place_pod(load_pod(POLICY_TEST_PODS / file), ns)
+    expected = gpuwarden.expect(pod)
+    assert expected.allowed
+    created = create_pod(gpuwarden.api, pod, dry_run=True)
+    stored = created.pod
+    resources = _container(stored, container)["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == gpus
+    assert resources["requests"]["nvidia.com/gpu"] == gpus
+    assert pod_annotations(stored)["gpuwarden.io/gpu-count"] == gpus
+    assert pod_annotations(stored)["gpuwarden.io/profile"] == "heavy-training"
+    assert f"gpuwarden: {container}: {gpus} whole GPU(s) on volcano" in created.warnings
+    assert_matches_policy_core(stored, expected)
+
+
+def test_a_trainer_node_over_the_tenant_limit_is_denied_not_cut(gpuwarden: WebhookStack) -> None:
+    """tenant-b allows 2 GPUs a pod: a 4-GPU Trainer node is refused with what to change."""
+    ns = gpuwarden.tenant_namespace(name="tenant-b")
+    pod = place_pod(load_pod(POLICY_TEST_PODS / "trainjob-node-4-gpus.yaml"), ns)
+    with pytest.raises(ApiException) as refused:
+        create_pod(gpuwarden.api, pod)
+    status, text = api_error(refused.value)
+    assert status == 403
+    assert (
+        "container node asks for 4 GPUs (profile heavy-training, rule/trainer-nodes) but tenant "
+        "tenant-b allows at most 2 per pod; ask for at most 2 in spec.containers[node].resources"
+    ) in text
+    assert not pod_exists(gpuwarden.api, ns, pod["metadata"]["name"])
+
+
+@pytest.mark.parametrize(
     ("file", "fragment"),
     [
         ("escape-visible-devices.yaml", "spec.containers[app].env[NVIDIA_VISIBLE_DEVICES]"),

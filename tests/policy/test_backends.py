@@ -202,7 +202,7 @@ def test_backend_replaces_every_foreign_gpu_resource(policies: PolicySet, profil
     """Whatever GPU resources the pod asked for, the container keeps only its backend's."""
     pod = gpu_pod(namespace="team", labels={"gpuwarden.io/profile": profile})
     pod["spec"]["containers"][0]["resources"] = {
-        "limits": {"nvidia.com/gpu": "3", "volcano.sh/vgpu-memory": "1", "cpu": "2"},
+        "limits": {"nvidia.com/gpu": "1", "volcano.sh/vgpu-memory": "1", "cpu": "2"},
         "requests": {"nvidia.com/gpumem": "99", "nvidia.com/mig-1g.5gb": "1", "cpu": "1"},
     }
     out = apply_ops(pod, mutate(create(pod), policies, ClusterView()))

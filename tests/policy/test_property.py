@@ -133,7 +133,15 @@ key_text = st.one_of(
     st.from_regex(r"[a-z0-9.~/]{1,12}", fullmatch=True),
 )
 quantity = st.one_of(st.sampled_from(QUANTITIES), st.integers(0, 10))
-resource_map = st.dictionaries(st.sampled_from(RESOURCE_NAMES), quantity, max_size=4)
+# Whole-GPU counts as workloads ask for them (torchrun's nproc_per_node: 1 to 16 GPUs).
+gpu_count = st.one_of(st.integers(1, 16), st.integers(1, 16).map(str))
+resource_map = st.one_of(
+    st.dictionaries(st.sampled_from(RESOURCE_NAMES), quantity, max_size=4),
+    st.fixed_dictionaries(
+        {"nvidia.com/gpu": gpu_count},
+        optional={"cpu": quantity, "memory": quantity, "volcano.sh/vgpu-number": gpu_count},
+    ),
+)
 env_entry = st.one_of(
     st.fixed_dictionaries(
         {

@@ -90,8 +90,10 @@ def test_a_plain_shared_pod_is_allowed(policies: PolicySet) -> None:
 def test_more_gpus_than_the_tenant_allows(policies: PolicySet) -> None:
     decision = denial(pod_with("whole"), policies)
     assert decision.reason == "TenantLimit"
-    assert "the pod would get 4 GPUs (profile whole) but tenant team allows at most 2 per pod" in (
-        decision.message
+    assert (
+        "the pod would get 4 GPUs (main 4; profile whole, label) but tenant team allows at most 2 "
+        "per pod; profile whole sets the count, so use a profile with fewer GPUs "
+        "(label gpuwarden.io/profile)" in decision.message
     )
     assert decision.message.endswith("[policy test, check tenant_limits, label]")
 
@@ -105,7 +107,9 @@ def test_gpus_count_per_container(policies: PolicySet) -> None:
     pod = gpu_pod(namespace="team", labels={"app": "two"})
     pod["spec"]["containers"].append({"name": "side", "image": "x"})
     decision = denial(pod, policies_from(spec))
-    assert "the pod would get 4 GPUs (profile shared-big)" in decision.message
+    assert "the pod would get 4 GPUs (main 2, side 2; profile shared-big, rule/two)" in (
+        decision.message
+    )
 
 
 def test_more_gpu_memory_than_the_tenant_allows(policies: PolicySet) -> None:
