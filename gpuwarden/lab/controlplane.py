@@ -1,11 +1,13 @@
-"""A real Kubernetes control plane for end-to-end tests: etcd plus kube-apiserver, no mocks.
+"""A real Kubernetes control plane: etcd plus kube-apiserver, no mocks (the e2e suites and the
+scheduling lab run on it).
 
 The binaries come from ``hack/build-tools.sh``, which builds them from Go module sources into
 ``${GPUWARDEN_CACHE_DIR:-~/.cache/gpuwarden-e2e}`` and records their paths in ``tools.env``.
 
 What this control plane is (and is not):
 
-* etcd and kube-apiserver only, on free loopback ports, in a private temporary directory.
+* etcd and kube-apiserver only, on free loopback ports, in a private temporary directory
+  (:mod:`gpuwarden.lab.cluster` adds kube-scheduler and KWOK through :meth:`ControlPlane.spawn`).
 * No kube-controller-manager, scheduler or kubelet: pods stay ``Pending`` with no node, deleted
   namespaces stay ``Terminating`` (the namespace controller never finalizes them), no default
   ServiceAccount or ``kube-root-ca.crt`` ConfigMap appears in new namespaces, and no controller
@@ -48,6 +50,7 @@ from kubernetes import config as k8s_config
 
 from gpuwarden.certs.authority import KeyPair, issue_client, issue_serving, new_ca
 
+# An editable install (the only kind the lab supports: it needs hack/build-tools.sh's binaries).
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-tools.sh"
 
@@ -65,6 +68,8 @@ ADMISSION_PLUGINS = (
 _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
 _PORT_IN_USE = "address already in use"
+# tools.env lines that may be missing (a cache built before the scheduling lab existed).
+_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK")
 
 
 class ToolsMissingError(RuntimeError):
@@ -87,12 +92,18 @@ def cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Tools:
-    """Absolute paths of the binaries built by hack/build-tools.sh."""
+    """Absolute paths of the binaries built by hack/build-tools.sh.
+
+    kube-scheduler and kwok are None in a tools.env written before the lab's tools existed;
+    only the scheduling lab needs them (and says so).
+    """
 
     kube_apiserver: Path
     etcd: Path
     kubectl: Path
     helm: Path
+    kube_scheduler: Path | None = None
+    kwok: Path | None = None
 
     @classmethod
     def load(cls, cache: Path | None = None) -> Tools:
@@ -108,8 +119,10 @@ class Tools:
             if sep:
                 values[key.strip()] = value.strip()
         paths: dict[str, Path] = {}
-        for key in ("KUBE_APISERVER", "ETCD", "KUBECTL", "HELM"):
+        for key in ("KUBE_APISERVER", "ETCD", "KUBECTL", "HELM", *_OPTIONAL_TOOLS):
             if key not in values:
+                if key in _OPTIONAL_TOOLS:
+                    continue
                 raise ToolsMissingError(f"{env_file} has no {key}= line; run hack/build-tools.sh")
             path = Path(values[key])
             if not (path.is_file() and os.access(path, os.X_OK)):
@@ -120,6 +133,8 @@ class Tools:
             etcd=paths["ETCD"],
             kubectl=paths["KUBECTL"],
             helm=paths["HELM"],
+            kube_scheduler=paths.get("KUBE_SCHEDULER"),
+            kwok=paths.get("KWOK"),
         )
 
 
@@ -154,7 +169,7 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: be killed if the test process dies without calling stop().
 
     SIGKILL, not SIGTERM: etcd and kube-apiserver would both get the signal at once, and a
@@ -166,7 +181,7 @@ def _die_with_parent() -> None:
 
 
 @dataclass
-class _Process:
+class Process:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
@@ -217,7 +232,7 @@ class ControlPlane:
         self.keep_workdir = keep_workdir
         self.startup_seconds: float | None = None
         self._workdir: Path | None = None
-        self._processes: list[_Process] = []
+        self._processes: list[Process] = []
         self._etcd_url = ""
         self._server_url = ""
         self._ca: KeyPair | None = None
@@ -280,7 +295,8 @@ class ControlPlane:
         """An ApiClient acting as ``user`` (admin impersonation), who is bound to a ClusterRole
         named ``user`` with ``rules``; role, binding and client go afterwards."""
         admin = self.api_client()
-        rbac = k8s_client.RbacAuthorizationV1Api(admin)
+        # Plain dicts as bodies (the client serialises them as they are).
+        rbac: Any = k8s_client.RbacAuthorizationV1Api(admin)
         group = "rbac.authorization.k8s.io"
         rbac.create_cluster_role({"metadata": {"name": user}, "rules": list(rules)})
         rbac.create_cluster_role_binding(
@@ -291,7 +307,7 @@ class ControlPlane:
             }
         )
         acting = self.api_client()
-        acting.set_default_header("Impersonate-User", user)
+        acting.set_default_header("Impersonate-User", user)  # type: ignore[no-untyped-call]
         try:
             yield acting
         finally:
@@ -417,7 +433,9 @@ class ControlPlane:
         )
         return paths
 
-    def _spawn(self, name: str, argv: Sequence[str]) -> _Process:
+    def spawn(self, name: str, argv: Sequence[str]) -> Process:
+        """Start ``argv`` in the work directory, logging to logs/<name>.log; stop() ends it
+        (newest first, so what talks to the API server goes before the API server)."""
         log_path = self.workdir / "logs" / f"{name}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = log_path.open("ab")
@@ -429,9 +447,9 @@ class ControlPlane:
             stdout=log_file,
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
-        process = _Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
+        process = Process(name=name, popen=popen, log_path=log_path, log_file=log_file)
         self._processes.append(process)
         return process
 
@@ -442,7 +460,7 @@ class ControlPlane:
         peer_url = f"http://127.0.0.1:{etcd_peer_port}"
         data_dir = self.workdir / "etcd-data"
         shutil.rmtree(data_dir, ignore_errors=True)
-        etcd = self._spawn(
+        etcd = self.spawn(
             "etcd",
             [
                 str(self.tools.etcd),
@@ -459,10 +477,10 @@ class ControlPlane:
                 "--log-level=warn",
             ],
         )
-        self._poll("etcd /health", self._etcd_healthy, [etcd], deadline)
+        self.poll("etcd /health", self._etcd_healthy, [etcd], deadline)
 
         self._server_url = f"https://127.0.0.1:{apiserver_port}"
-        apiserver = self._spawn(
+        apiserver = self.spawn(
             "kube-apiserver",
             [
                 str(self.tools.kube_apiserver),
@@ -492,7 +510,7 @@ class ControlPlane:
                 *self.extra_apiserver_args,
             ],
         )
-        self._poll(
+        self.poll(
             "kube-apiserver /readyz", self._apiserver_ready(certs), [etcd, apiserver], deadline
         )
 
@@ -513,13 +531,15 @@ class ControlPlane:
 
         return probe
 
-    def _poll(
+    def poll(
         self,
         what: str,
         probe: Callable[[], bool],
-        watched: Sequence[_Process],
+        watched: Sequence[Process],
         deadline: float,
     ) -> None:
+        """Call ``probe`` until it is true; ControlPlaneError if a watched process exits or the
+        deadline (a time.monotonic() value) passes, with the processes' log tails."""
         last_error = "no answer yet"
         while True:
             for process in watched:
@@ -544,8 +564,7 @@ class ControlPlane:
                     f"--- {p.name} ({p.log_path}) ---\n{p.tail()}" for p in self._processes
                 )
                 raise ControlPlaneError(
-                    f"timed out after {self.startup_timeout:.0f}s waiting for {what}; "
-                    f"last error: {last_error}\n{tails}"
+                    f"timed out waiting for {what}; last error: {last_error}\n{tails}"
                 )
             time.sleep(_POLL_INTERVAL)
 

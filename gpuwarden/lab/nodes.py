@@ -1,0 +1,115 @@
+"""Simulated GPU nodes: the Node objects a kubelet with NVIDIA's device plugin and GPU Feature
+Discovery would register, for KWOK to manage.
+
+Capacity is what the device plugin advertises: ``nvidia.com/gpu`` per physical GPU, or, when it
+shares GPUs through MPS with ``replicas: N``, N per GPU (under ``nvidia.com/gpu.shared`` when its
+sharing config sets ``renameByDefault``). Labels are GPU Feature Discovery's
+(``nvidia.com/gpu.product``, ``.count``, ``.memory``, ``.replicas``, ``.sharing-strategy``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
+
+GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+#: The label every lab node carries, with its pool's name (so a run can list its nodes).
+POOL_LABEL = "lab.gpuwarden.io/pool"
+
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: TaintEffect = "NoSchedule"
+
+    def manifest(self) -> dict[str, str]:
+        out = {"key": self.key, "effect": self.effect}
+        if self.value:
+            out["value"] = self.value
+        return out
+
+
+@dataclass(frozen=True)
+class GpuNodePool:
+    """``count`` identical GPU nodes named ``<name>-<i>``.
+
+    ``mps_replicas`` above 1 is the device plugin sharing each GPU through MPS among that many
+    pods; ``rename_shared`` advertises those replicas as nvidia.com/gpu.shared.
+    """
+
+    name: str
+    count: int
+    gpus_per_node: int
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    gpu_memory_mib: int = 81559
+    mps_replicas: int = 1
+    rename_shared: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.count < 0 or self.gpus_per_node < 0 or self.mps_replicas < 1:
+            raise ValueError(f"pool {self.name}: counts must be positive")
+
+    @property
+    def shared(self) -> bool:
+        return self.mps_replicas > 1
+
+    @property
+    def gpu_resource(self) -> str:
+        """The resource name pods of this pool ask for."""
+        return SHARED_GPU_RESOURCE if self.shared and self.rename_shared else GPU_RESOURCE
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"{self.name}-{i}" for i in range(self.count)]
+
+    @property
+    def physical_gpus(self) -> int:
+        return self.count * self.gpus_per_node
+
+    def gfd_labels(self) -> dict[str, str]:
+        # GFD appends -SHARED to the product of a shared GPU and reports the replica count.
+        product = f"{self.gpu_product}-SHARED" if self.shared else self.gpu_product
+        return {
+            "nvidia.com/gpu.present": "true",
+            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.count": str(self.gpus_per_node),
+            "nvidia.com/gpu.memory": str(self.gpu_memory_mib),
+            "nvidia.com/gpu.replicas": str(self.mps_replicas),
+            "nvidia.com/gpu.sharing-strategy": "mps" if self.shared else "none",
+            "nvidia.com/mps.capable": "true" if self.shared else "false",
+        }
+
+    def node_manifest(self, name: str) -> dict[str, Any]:
+        advertised = {self.gpu_resource: str(self.gpus_per_node * self.mps_replicas)}
+        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", **advertised}
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    POOL_LABEL: self.name,
+                    **self.gfd_labels(),
+                    **dict(self.labels),
+                },
+                "annotations": {NODE_ANNOTATION: NODE_ANNOTATION_VALUE},
+            },
+            "spec": {"taints": [taint.manifest() for taint in self.taints]},
+            # Nodes may be created with their status; KWOK's node stage keeps these numbers.
+            "status": {"capacity": resources, "allocatable": dict(resources)},
+        }
+
+    def manifests(self) -> list[dict[str, Any]]:
+        return [self.node_manifest(name) for name in self.node_names]
