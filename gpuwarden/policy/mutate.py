@@ -221,7 +221,9 @@ def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterVie
     who = f"tenant {placement.tenant.name}" if placement.tenant else "no tenant"
     lines = [f"gpuwarden: profile {profile.name} via {placement.origin} ({who})"]
     if plan is None:
-        lines.append(f"gpuwarden: {','.join(placement.containers)}: no GPU for this profile")
+        asked = [f"{g.name} asked for {g.asked}" for g in placement.container_grants if g.asked]
+        why = f" ({', '.join(asked)}; {profile.gpus_set_by} sets gpus: 0)" if asked else ""
+        lines.append(f"gpuwarden: {','.join(placement.containers)}: no GPU for this profile{why}")
     else:
         for granted in placement.container_grants:
             lines += _gpu_lines(granted, plan, profile)

@@ -28,6 +28,7 @@ profiles:
   - {name: hami, maxMemory: 8Gi, backend: hami}
   - {name: native, maxMemory: 8Gi, backend: native}
   - {name: fed, gpuShare: false, hostMemory: 32Gi, cpu: "4", nodeSelector: {pool: a100}}
+  - {name: cpu-only, gpus: 0}
 workloads:
   - {name: pair, match: {kind: selector, labels: {matchLabels: {app: pair}}}, profile: whole,
      containers: [main, side]}
@@ -129,6 +130,15 @@ def test_a_tenant_override_that_sets_gpus_sets_them_and_says_so(policies: Policy
     assert resources(out)["limits"]["nvidia.com/gpu"] == "1"
     assert "gpuwarden: main asked for 2 GPUs; tenant small's override sets gpus: 1" in (
         result.warnings
+    )
+
+
+def test_a_profile_with_no_gpu_takes_the_asked_gpu_away_and_says_so(policies: PolicySet) -> None:
+    out, result = admitted_pod(labelled("cpu-only", "2"), policies)
+    assert "resources" not in container(out, "main") or not resources(out).get("limits")
+    assert (
+        "gpuwarden: main: no GPU for this profile (main asked for 2; profile cpu-only sets gpus: 0)"
+        in result.warnings
     )
 
 
