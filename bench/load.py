@@ -51,6 +51,7 @@ from gpuwarden.policy.pipeline import apply_patch  # noqa: E402
 TARGET_RATIO = 0.7
 TARGET_P99_MS = 5.0
 TARGET_RATE = 500
+TARGET_RSS_MIB = 80
 
 
 # --- the baseline server ---------------------------------------------------------------------
@@ -280,6 +281,50 @@ async def closed_loop(
     return Result(label, None, sent, failed, elapsed, latencies, cpu)
 
 
+async def counted_loop(
+    port: int, ctx: ssl.SSLContext, requests: Sequence[bytes], connections: int, count: int
+) -> int:
+    """Exactly ``count`` reviews over keep-alive connections; returns how many failed."""
+    conns = [await Connection.open(port, ctx) for _ in range(connections)]
+    left = count
+    failed = 0
+
+    async def drive(conn: Connection, offset: int) -> None:
+        nonlocal left, failed
+        i = offset
+        while left > 0:
+            left -= 1
+            if await conn.post(requests[i % len(requests)]) != 200:
+                failed += 1
+            i += 1
+
+    await asyncio.gather(*(drive(c, n * 7) for n, c in enumerate(conns)))
+    for conn in conns:
+        conn.close()
+    return failed
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of a process, from /proc (Linux)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def memory_curve(
+    pid: int, port: int, ctx: ssl.SSLContext, requests: Sequence[bytes], total: int, step: int
+) -> list[tuple[int, float]]:
+    """(reviews answered, RSS MiB) at the start and after every ``step`` reviews."""
+    curve = [(0, rss_mib(pid))]
+    for done in range(step, total + 1, step):
+        failed = asyncio.run(counted_loop(port, ctx, requests, 16, step))
+        if failed:
+            raise SystemExit(f"{failed} reviews failed during the memory run")
+        curve.append((done, rss_mib(pid)))
+    return curve
+
+
 # --- setup -----------------------------------------------------------------------------------
 
 
@@ -334,7 +379,7 @@ def _pin(cpus: set[int] | None) -> Any:
 @contextlib.contextmanager
 def started(
     argv: Sequence[str], port: int, ctx: ssl.SSLContext, cpus: set[int] | None, log: Path
-) -> Iterator[None]:
+) -> Iterator[subprocess.Popen[bytes]]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cpus), cwd=ROOT
@@ -353,7 +398,7 @@ def started(
                     if time.monotonic() > deadline:
                         raise SystemExit(f"server not up: {log.read_text()[-2000:]}") from None
                     time.sleep(0.1)
-            yield
+            yield proc
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -441,6 +486,7 @@ def main() -> int:
         precomputed_server(int(port), cert, key)
         return 0
     seconds, max_seconds, wrk_seconds = (1.5, 2.0, 2) if args.quick else (3.0, 4.0, 4)
+    reviews_total = 20_000 if args.quick else 100_000
     rates = [250, 500, 1000, 2000]
     two_cores = (os.cpu_count() or 1) > 1
     server_cpus, client_cpus = ({0}, {1}) if two_cores else (None, None)
@@ -482,6 +528,10 @@ def main() -> int:
                 measure(port, ctx, requests, "gpuwarden (1 core)", rates, seconds, max_seconds)
             )
             wrk["gpuwarden"] = wrk_max(port, requests[0], wrk_seconds, 32)
+        # Memory per replica on a fresh server: RSS as reviews accumulate (flat is the target).
+        port = free_port()
+        with started(gpuwarden(port, 1), port, ctx, server_cpus, work / "memory.log") as proc:
+            memory = memory_curve(proc.pid, port, ctx, requests, reviews_total, reviews_total // 10)
         port = free_port()
         with started(
             [py, __file__, "--precomputed-server", str(port), cert, key],
@@ -540,8 +590,15 @@ def main() -> int:
     )
     print(
         f"--workers 2: {two.rate:.0f} req/s, {two.rate / ours.rate:.2f}x one worker "
-        "(the client shares those two cores)"
+        f"(on {os.cpu_count()} CPUs the client shares those cores: scaling cannot show here)"
     )
+    first, last = memory[1][1], memory[-1][1]
+    print(
+        f"RSS of one worker: {memory[0][1]:.1f} MiB at start, {first:.1f} MiB after "
+        f"{memory[1][0]:,} reviews, {last:.1f} MiB after {memory[-1][0]:,} "
+        f"(growth {last - first:+.1f} MiB; target <= {TARGET_RSS_MIB} MiB and flat)"
+    )
+    print("  " + ", ".join(f"{done // 1000}k: {mib:.1f}" for done, mib in memory))
     if wrk["baseline"] and wrk["gpuwarden"]:
         print(
             f"wrk -t1 -c32 (one /mutate review): gpuwarden {wrk['gpuwarden']:.0f} req/s, baseline "
