@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from gpuwarden.policy import keys
 from gpuwarden.policy.backends import shared_slices_per_container
@@ -14,6 +14,7 @@ from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.quantity import QuantityError
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import (
+    ContainerRef,
     annotations_of,
     containers,
     labels_of,
@@ -24,9 +25,8 @@ from gpuwarden.policy.workloads import SIDECARS, Workload, identify
 Source = Literal["rule", "label", "default", "skip", "none"]
 
 
-@dataclass(frozen=True)
-class ContainerGrant:
-    """What one target container gets, beside what it asked for."""
+class ContainerGrant(NamedTuple):
+    """What one target container gets, beside what it asked for (a tuple: one per decision)."""
 
     name: str
     grant: Grant
@@ -148,6 +148,14 @@ def target_containers(
     return ()
 
 
+def _gpus(granted: ContainerGrant) -> int:
+    return granted.gpus
+
+
+def _named(pod: Mapping[str, Any], name: str) -> ContainerRef:
+    return next(ref for ref in containers(pod, "containers") if ref.name == name)
+
+
 def _container_grants(
     pod: Mapping[str, Any],
     chosen: tuple[str, ...],
@@ -157,12 +165,13 @@ def _container_grants(
 ) -> tuple[tuple[ContainerGrant, ...], tuple[str, ...]]:
     """Each target container's grant (its own GPU count, unless the policy sets one), and the
     counts no grant can honour."""
-    refs = {ref.name: ref for ref in containers(pod, "containers")}
+    refs = {ref.name: ref for ref in containers(pod, "containers")} if len(chosen) > 1 else None
     grants: list[ContainerGrant] = []
     problems: list[str] = []
     for name in chosen:
+        ref = refs[name] if refs is not None else _named(pod, name)
         try:
-            asked = refs[name].asked_gpus()
+            asked = ref.asked_gpus()
         except QuantityError as exc:
             problems.append(f"spec.containers[{name}].{exc}")
             asked = None
@@ -236,7 +245,7 @@ def place(
         if profile_name and chosen:
             granted, count_problems = _container_grants(pod, chosen, policies, profile_name, tenant)
             problems += count_problems
-            grant = max(granted, key=lambda c: c.gpus).grant
+            grant = granted[0].grant if len(granted) == 1 else max(granted, key=_gpus).grant
             profile = grant.profile
         return Placement(
             source,
