@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CACHE_DIR ?= $(HOME)/.cache/gpuwarden-e2e
 export GPUWARDEN_CACHE_DIR := $(CACHE_DIR)
 
-.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs clean
+.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs simulate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ bench: $(STAMP)
 
 fuzz: $(STAMP)
 	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/test_fuzz.py
+
+## Replay the built-in week of four tenants on the scheduling lab under each strategy (table + PNG).
+simulate: $(STAMP) tools
+	$(BIN)/gpuwarden simulate --plot .cache/simulate.png
 
 ## Regenerate the README's field table and the chart's CRD from the policy model.
 docs: $(STAMP)

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve",
     "certs": "certs",
     "node-agent": "node_agent",
+    "simulate": "simulate",
 }
 
 EXIT_OK = 0

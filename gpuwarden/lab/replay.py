@@ -1,0 +1,264 @@
+"""Replay a trace on a lab of its own, once per strategy, and record what happened to each pod.
+
+Per strategy: a control plane, kube-scheduler, KWOK and the layout's nodes; the policy's
+PriorityClasses; then each trace row becomes a pod at its arrival time (time divided by
+``scale``), decided by gpuwarden's policy core in this process (the decision the webhook would
+return, byte for byte) and created through the API server. A watch records when the scheduler
+bound each pod, when KWOK completed it and which pods the scheduler deleted to preempt them.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from kubernetes import client as k8s_client
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.lab.cluster import SchedulingLab, ensure_namespaces, lab_control_plane
+from gpuwarden.lab.controlplane import Tools
+from gpuwarden.lab.nodes import GPU_RESOURCE, SHARED_GPU_RESOURCE
+from gpuwarden.lab.report import PodRecord
+from gpuwarden.lab.strategies import Layout, Strategy
+from gpuwarden.lab.trace import TraceRow
+from gpuwarden.lab.workloads import dns_label, workload_pod
+from gpuwarden.policy import AdmissionRequest, ClusterView, PriorityClassInfo, admit
+from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
+from gpuwarden.policy.mutate import admitted_gpu_memory
+from gpuwarden.policy.quantity import parse_quantity
+from gpuwarden.policy.render import render
+
+#: Every replayed pod carries its trace row here (the watch selects on it).
+ROW_LABEL = "lab.gpuwarden.io/trace-row"
+_WATCH_SECONDS = 30
+
+
+class Stopped(Exception):
+    """The replay was asked to stop (Ctrl-C) before it finished."""
+
+
+@dataclass
+class Progress:
+    """Simulated seconds replayed so far, per strategy (read by the progress bar)."""
+
+    done: float = 0.0
+
+
+def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
+    """(physical GPUs, bytes of GPU memory) the pod's containers take while bound."""
+    gpus = 0.0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        requests = (container.get("resources") or {}).get("requests") or {}
+        whole = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
+        shared = limits.get(SHARED_GPU_RESOURCE, requests.get(SHARED_GPU_RESOURCE))
+        if whole is not None:
+            gpus += float(parse_quantity(whole))
+        if shared is not None:
+            gpus += float(parse_quantity(shared)) / replicas
+    return gpus, gpus * gpu_memory
+
+
+def _tenant_memory(records: Sequence[tuple[PodRecord, str | None, Decimal]]) -> dict[str, Decimal]:
+    """GPU memory admitted to each tenant's pods that are still alive (the webhook's view)."""
+    out: dict[str, Decimal] = {}
+    for record, tenant, memory in records:
+        if tenant is not None and record.ended is None and record.refused is None:
+            out[tenant] = out.get(tenant, Decimal(0)) + memory
+    return out
+
+
+class Replay:
+    """One strategy's replay (run() blocks until the horizon, or raises Stopped)."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        rows: Sequence[TraceRow],
+        *,
+        tools: Tools,
+        layout: Layout,
+        namespaces: Mapping[str, Mapping[str, str]],
+        horizon: float,
+        scale: float,
+        stop: threading.Event,
+    ) -> None:
+        self.strategy = strategy
+        self.rows = rows
+        self.tools = tools
+        self.layout = layout
+        self.namespaces = namespaces
+        self.horizon = horizon
+        self.scale = scale
+        self.stop = stop
+        self.progress = Progress()
+        self.records: dict[str, PodRecord] = {}
+        self._admitted: list[tuple[PodRecord, str | None, Decimal]] = []
+        self._lock = threading.Lock()
+        self._t0 = 0.0
+        self._watching = True
+
+    def now(self) -> float:
+        """Simulated seconds since the replay started."""
+        return (time.monotonic() - self._t0) * self.scale
+
+    def run(self) -> list[PodRecord]:
+        plane = lab_control_plane(self.tools)
+        with plane:
+            lab = SchedulingLab(plane, self.tools)
+            lab.start()
+            try:
+                api = plane.api_client()
+                try:
+                    self._prepare(lab, api)
+                    self._replay(api)
+                finally:
+                    api.close()  # type: ignore[no-untyped-call]
+            finally:
+                lab.stop()
+        with self._lock:
+            return list(self.records.values())
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _priority_classes(self) -> list[dict[str, Any]]:
+        if self.strategy.policies is None:
+            return []
+        return [o for o in render(self.strategy.policies).objects if o["kind"] == "PriorityClass"]
+
+    def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient) -> None:
+        scheduling: Any = k8s_client.SchedulingV1Api(api)
+        for manifest in self._priority_classes():
+            scheduling.create_priority_class(manifest)
+        for namespace, labels in self.namespaces.items():
+            ensure_namespaces(api, [namespace], labels)
+        lab.add_pools(api, self.layout.pools(self.strategy.shares))
+
+    def _cluster_view(self) -> ClusterView:
+        classes: dict[str, PriorityClassInfo] = {}
+        for manifest in self._priority_classes():
+            info = priority_class(manifest)
+            if info is not None:
+                classes[manifest["metadata"]["name"]] = info
+        labels = {
+            ns: {**dict(values), NAMESPACE_NAME_LABEL: ns} for ns, values in self.namespaces.items()
+        }
+        with self._lock:
+            memory = _tenant_memory(self._admitted)
+        return ClusterView(
+            namespace_labels=labels, priority_classes=classes, tenant_gpu_memory=memory
+        )
+
+    # -- the replay ---------------------------------------------------------------------------
+
+    def _replay(self, api: k8s_client.ApiClient) -> None:
+        self._t0 = time.monotonic()
+        watcher = threading.Thread(target=self._watch, args=(api,), daemon=True)
+        watcher.start()
+        core: Any = k8s_client.CoreV1Api(api)
+        try:
+            for row in self.rows:
+                if row.at > self.horizon:
+                    break
+                self._wait_until(row.at)
+                self._submit(core, row)
+            self._wait_until(self.horizon)
+        finally:
+            self._watching = False
+        self.progress.done = self.horizon
+
+    def _wait_until(self, simulated: float) -> None:
+        while True:
+            ahead = (simulated - self.now()) / self.scale
+            self.progress.done = min(self.now(), self.horizon)
+            if ahead <= 0:
+                return
+            # Pacing the replay (the trace's clock), in short steps so Ctrl-C stops it promptly.
+            if self.stop.wait(min(ahead, 0.25)):
+                raise Stopped
+
+    def _submit(self, core: Any, row: TraceRow) -> None:
+        name = f"{dns_label(row.name, 30)}-{row.row}-{uuid.uuid4().hex[:4]}"
+        pod = workload_pod(
+            row.kind,
+            name=name,
+            namespace=row.namespace,
+            workload=row.name,
+            gpus=row.gpus,
+            labels={**row.labels, ROW_LABEL: str(row.row)},
+            runs_for=row.duration / self.scale,
+        )
+        record = PodRecord(name=name, namespace=row.namespace, row=row.row, created=self.now())
+        tenant: str | None = None
+        if self.strategy.policies is not None:
+            policies = self.strategy.policies
+            request = AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod)
+            result = admit(request, policies, self._cluster_view())
+            if not result.allowed:
+                record.refused = result.validation.message or result.mutation.message or "denied"
+                with self._lock:
+                    self.records[name] = record
+                return
+            pod = dict(result.pod)
+            found = policies.tenant_for(row.namespace, self.namespaces.get(row.namespace, {}))
+            tenant = found.name if found is not None else None
+        gpu_memory = float(self.layout.gpu_memory_mib * 2**20)
+        record.gpus, record.memory_allocated = pod_allocation(
+            pod, self.layout.mps_replicas, gpu_memory
+        )
+        # The trace's use is per GPU: n whole GPUs use n times it; a slice at most its share.
+        used = float(row.memory_used) * math.ceil(record.gpus)
+        record.memory_used = min(used, record.memory_allocated)
+        with self._lock:
+            self.records[name] = record
+            self._admitted.append((record, tenant, admitted_gpu_memory(pod)))
+        try:
+            core.create_namespaced_pod(row.namespace, pod)
+        except ApiException as exc:
+            record.refused = f"API server: {exc.status} {exc.reason}"
+
+    # -- what the cluster did -----------------------------------------------------------------
+
+    def _observe(self, event_type: str, pod: Any) -> None:
+        now = self.now()
+        with self._lock:
+            record = self.records.get(pod.metadata.name)
+            if record is None:
+                return
+            if record.bound is None and pod.spec.node_name:
+                record.bound = now
+            phase = pod.status.phase if pod.status else None
+            if record.ended is None and phase in ("Succeeded", "Failed"):
+                record.ended = now
+            if event_type == "DELETED" and record.ended is None:
+                # Only the scheduler deletes pods here: a preemption victim.
+                record.ended = now
+                record.preempted = True
+
+    def _watch(self, api: k8s_client.ApiClient) -> None:
+        core: Any = k8s_client.CoreV1Api(api)
+        while self._watching and not self.stop.is_set():
+            try:
+                listed = core.list_pod_for_all_namespaces(label_selector=ROW_LABEL)
+                for pod in listed.items:
+                    self._observe("ADDED", pod)
+                stream: Callable[..., Any] = k8s_watch.Watch().stream  # type: ignore[no-untyped-call]
+                for event in stream(
+                    core.list_pod_for_all_namespaces,
+                    label_selector=ROW_LABEL,
+                    resource_version=listed.metadata.resource_version,
+                    timeout_seconds=_WATCH_SECONDS,
+                ):
+                    self._observe(str(event["type"]), event["object"])
+                    if not self._watching or self.stop.is_set():
+                        break
+            except (ApiException, OSError, ValueError):
+                if self.stop.wait(0.2):
+                    return

@@ -1,0 +1,97 @@
+"""`gpuwarden simulate`'s engine: every strategy's replay at once, each on a lab of its own,
+with a progress bar, and the reports of what they measured."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import TextIO
+
+from gpuwarden.lab.controlplane import Tools
+from gpuwarden.lab.replay import Replay, Stopped
+from gpuwarden.lab.report import PodRecord, StrategyReport, summarize
+from gpuwarden.lab.strategies import Layout, Strategy
+from gpuwarden.lab.trace import TraceRow
+
+_BAR_WIDTH = 30
+_REFRESH = 0.5
+
+
+@dataclass(frozen=True)
+class Plan:
+    rows: Sequence[TraceRow]
+    strategies: Sequence[Strategy]
+    layout: Layout
+    namespaces: Mapping[str, Mapping[str, str]]
+    horizon: float  # simulated seconds
+    real_seconds: float  # wall-clock seconds the horizon is replayed in
+
+    @property
+    def scale(self) -> float:
+        return self.horizon / self.real_seconds
+
+
+def progress_line(done: float, horizon: float, running: int) -> str:
+    share = min(done / horizon, 1.0) if horizon > 0 else 1.0
+    filled = round(share * _BAR_WIDTH)
+    day, rest = divmod(done, 86400)
+    return (
+        f"\r[{'#' * filled}{'.' * (_BAR_WIDTH - filled)}] {share:4.0%}  "
+        f"day {int(day) + 1} {int(rest // 3600):02d}:{int(rest % 3600 // 60):02d}  "
+        f"{running} strategies replaying"
+    )
+
+
+def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[StrategyReport]:
+    """Replay every strategy (in parallel); Ctrl-C stops all of them, their processes too."""
+    stop = threading.Event()
+    replays = [
+        Replay(
+            strategy,
+            plan.rows,
+            tools=tools,
+            layout=plan.layout,
+            namespaces=plan.namespaces,
+            horizon=plan.horizon,
+            scale=plan.scale,
+            stop=stop,
+        )
+        for strategy in plan.strategies
+    ]
+    bar = progress if progress is not None and progress.isatty() else None
+    with ThreadPoolExecutor(max_workers=len(replays), thread_name_prefix="replay") as pool:
+        futures: list[Future[list[PodRecord]]] = [pool.submit(r.run) for r in replays]
+        try:
+            while not all(f.done() for f in futures):
+                if bar is not None:
+                    done = min(r.progress.done for r in replays)
+                    running = sum(1 for f in futures if not f.done())
+                    bar.write(progress_line(done, plan.horizon, running))
+                    bar.flush()
+                _, pending = wait(futures, timeout=_REFRESH, return_when=FIRST_EXCEPTION)
+                if pending and any(f.done() and f.exception() is not None for f in futures):
+                    stop.set()  # one lab failed: the others stop too, the error is raised below
+        except BaseException:
+            # Ctrl-C (or any error here): every replay stops and tears its lab down.
+            stop.set()
+            raise
+        finally:
+            if bar is not None:
+                bar.write("\n")
+                bar.flush()
+        for future in futures:
+            error = future.exception()
+            if error is not None and not isinstance(error, Stopped):
+                raise error
+    return [
+        summarize(
+            replay.strategy.name,
+            replay.records.values(),
+            physical_gpus=plan.layout.physical_gpus,
+            horizon=plan.horizon,
+            notes=replay.strategy.notes,
+        )
+        for replay in replays
+    ]

@@ -1,0 +1,153 @@
+"""Strategies `gpuwarden simulate` compares: each a policy set (or none) and the GPU nodes the
+lab gives it.
+
+The lab runs the default scheduler only, so every policy is simulated on the backends it can
+schedule for real: a Volcano or HAMi backend becomes ``nvidia`` with shared slices advertised as
+``nvidia.com/gpu.shared`` (NVIDIA's device plugin, MPS, ``renameByDefault``) on the lab's MPS
+nodes. What Volcano or HAMi would decide differently (queues, gang scheduling, packing by GPU
+memory instead of a fixed replica count) is not simulated; the strategy's notes say so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuwarden.lab.nodes import GpuNodePool
+from gpuwarden.policy import PolicySet, load_texts
+from gpuwarden.policy.loader import policy_files
+
+#: The backend every simulated policy runs on (see the module docstring).
+LAB_BACKEND: Mapping[str, str] = {
+    "type": "nvidia",
+    "sharedResourceName": "nvidia.com/gpu.shared",
+}
+_UNSCHEDULABLE_BACKENDS = ("volcano", "hami")
+
+#: Sharing without governance: notebooks and predictors share GPUs, nothing else changes
+#: (no priorities, no limits; whole-GPU work keeps the count it asked for).
+SHARING_ONLY_POLICY = """\
+apiVersion: gpuwarden.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: sharing-only}
+spec:
+  backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared}
+  profiles:
+    - {name: shared, gpuShare: true, maxMemory: 20Gi, threadPercentage: 50}
+    - {name: whole, gpuShare: false, maxMemory: 80Gi}
+  workloads:
+    - {name: notebooks, match: {kind: notebook}, profile: shared, requireGpuRequest: true}
+    - {name: predictors, match: {kind: kserve-predictor}, profile: shared, requireGpuRequest: true}
+  defaultProfile: whole
+  tenants:
+    - name: kubeflow-profiles
+      namespaceSelector:
+        matchLabels: {app.kubernetes.io/part-of: kubeflow-profile}
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs; for a strategy that
+    shares GPUs, ``mps_nodes`` of them share each GPU among ``mps_replicas`` pods."""
+
+    nodes: int = 8
+    gpus_per_node: int = 8
+    mps_nodes: int = 2
+    mps_replicas: int = 4
+    gpu_memory_mib: int = 81559  # an H100 80GB as GFD reports it
+
+    @property
+    def physical_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def pools(self, shares: bool) -> list[GpuNodePool]:
+        mps = min(self.mps_nodes, self.nodes) if shares else 0
+        pools = [
+            GpuNodePool(
+                "gpu", self.nodes - mps, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib
+            )
+        ]
+        if mps:
+            pools.append(
+                GpuNodePool(
+                    "mps",
+                    mps,
+                    self.gpus_per_node,
+                    gpu_memory_mib=self.gpu_memory_mib,
+                    mps_replicas=self.mps_replicas,
+                    rename_shared=True,
+                )
+            )
+        return [pool for pool in pools if pool.count]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    policies: PolicySet | None  # None: no gpuwarden at all
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def shares(self) -> bool:
+        if self.policies is None:
+            return False
+        return any(profile.gpu_share for profile in self.policies.profiles.values())
+
+
+def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
+    if isinstance(backend, Mapping) and backend.get("type") in _UNSCHEDULABLE_BACKENDS:
+        notes.append(
+            f"{where}: backend {backend['type']} simulated as nvidia (MPS replicas as "
+            "nvidia.com/gpu.shared); its own scheduler is not"
+        )
+        return dict(LAB_BACKEND)
+    return backend
+
+
+def lab_documents(docs: Iterable[Any], source: str) -> tuple[list[Any], list[str]]:
+    """The policy documents with Volcano/HAMi backends replaced by the lab's (and notes)."""
+    out: list[Any] = []
+    notes: list[str] = []
+    for doc in docs:
+        spec = doc.get("spec") if isinstance(doc, Mapping) else None
+        if isinstance(spec, dict):
+            name = (doc.get("metadata") or {}).get("name", source)
+            if "backend" in spec:
+                spec["backend"] = _on_lab_backend(spec["backend"], f"policy {name}", notes)
+            for profile in spec.get("profiles") or []:
+                if isinstance(profile, dict) and "backend" in profile:
+                    profile["backend"] = _on_lab_backend(
+                        profile["backend"], f"profile {profile.get('name')}", notes
+                    )
+        out.append(doc)
+    return out, notes
+
+
+def strategy_from_texts(name: str, texts: Sequence[tuple[str, str]]) -> Strategy:
+    """A strategy from (source, YAML) pairs; PolicyError (from the loader) when they are bad."""
+    converted: list[tuple[str, str]] = []
+    notes: list[str] = []
+    for source, text in texts:
+        docs, found = lab_documents(list(yaml.safe_load_all(text)), source)
+        notes += found
+        converted.append((source, yaml.safe_dump_all(docs, sort_keys=False)))
+    return Strategy(name, load_texts(converted), tuple(notes))
+
+
+def strategy_from_paths(name: str, paths: Sequence[Path]) -> Strategy:
+    files = policy_files(paths)
+    return strategy_from_texts(name, [(str(f), f.read_text()) for f in files])
+
+
+def builtin_strategies(default_policies: Path) -> list[Strategy]:
+    """No governance, sharing only, and the shipped default policy (``default_policies``)."""
+    return [
+        Strategy("no-governance", None, ("pods as their controllers made them: whole GPUs",)),
+        strategy_from_texts("sharing-only", [("sharing-only", SHARING_ONLY_POLICY)]),
+        strategy_from_paths("default-policy", [default_policies]),
+    ]

@@ -1,0 +1,204 @@
+"""Traces, reports and strategies of `gpuwarden simulate`, without a cluster."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.cli import main
+from gpuwarden.lab.defaulttrace import NAMESPACES, default_trace
+from gpuwarden.lab.replay import pod_allocation
+from gpuwarden.lab.report import PodRecord, percentile, summarize
+from gpuwarden.lab.strategies import LAB_BACKEND, Layout, builtin_strategies
+from gpuwarden.lab.trace import TraceError, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.policy import AdmissionRequest, ClusterView, admit
+
+REPO = Path(__file__).resolve().parents[2]
+KNOWN = ("data-team", "algo-team")
+HEADER = "at,namespace,kind,name,gpus,duration,memory,labels\n"
+
+
+def _csv(*rows: str) -> str:
+    return HEADER + "".join(f"{row}\n" for row in rows)
+
+
+def test_csv_rows_come_back_by_arrival_with_their_units() -> None:
+    rows = parse_trace(
+        _csv(
+            "1h,algo-team,notebook,alice,1,2h30m,6Gi,team=vision;tier=dev",
+            "0,data-team,kfp-step,train,8,90m,40Gi,",
+        ),
+        "week.csv",
+        KNOWN,
+    )
+    assert [(r.row, r.at, r.duration) for r in rows] == [(2, 0.0, 5400.0), (1, 3600.0, 9000.0)]
+    assert rows[1].labels == {"team": "vision", "tier": "dev"}
+    assert rows[1].memory_used == Decimal(6 * 2**30)
+    assert (rows[0].kind, rows[0].name, rows[0].gpus) == ("kfp-step", "train", 8)
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        ("0,web-team,notebook,a,1,1h,1Gi,", "row 2: unknown tenant namespace 'web-team'"),
+        ("0,algo-team,notebook,a,1,-1h,1Gi,", "row 2: duration '-1h' must be above 0"),
+        ("-5,algo-team,notebook,a,1,1h,1Gi,", "row 2: at '-5' is before the start"),
+        ("0,algo-team,spark-job,a,1,1h,1Gi,", "row 2: unknown kind 'spark-job'"),
+        ("0,algo-team,notebook,a,0,1h,1Gi,", "row 2: gpus '0' must be a whole number"),
+        ("0,algo-team,notebook,a,1,soon,1Gi,", "row 2: 'soon' is not a duration"),
+        ("0,algo-team,notebook,a,1,1h,lots,", "row 2: memory 'lots'"),
+        ("0,algo-team,notebook,a,1,1h,1Gi,x", "row 2: labels 'x': write key=value"),
+        ("0,algo-team,notebook,a,1,1h,1Gi,,extra", "row 2: more values than columns"),
+        (",algo-team,notebook,a,1,1h,1Gi,", "row 2: missing at"),
+    ],
+)
+def test_a_bad_row_is_named_with_what_is_wrong(row: str, message: str) -> None:
+    good = "0,algo-team,notebook,a,1,1h,1Gi,"
+    with pytest.raises(TraceError) as raised:
+        parse_trace(_csv(good, row), "t.csv", KNOWN)
+    assert str(raised.value).startswith("t.csv: ")
+    assert message in str(raised.value)
+
+
+def test_yaml_traces_and_malformed_files() -> None:
+    text = "rows:\n  - {at: 2h, namespace: algo-team, kind: notebook, gpus: 1, duration: 1h, memory: 2Gi}\n"
+    (row,) = parse_trace(text, "t.yaml", KNOWN)
+    assert (row.row, row.at, row.name) == (1, 7200.0, "notebook")
+    with pytest.raises(TraceError, match=r"t.yaml: not valid YAML"):
+        parse_trace("rows: [a: {", "t.yaml", KNOWN)
+    with pytest.raises(TraceError, match=r"t.yaml: expected a list of rows"):
+        parse_trace("just text", "t.yaml", KNOWN)
+    with pytest.raises(TraceError, match=r"t.yaml: row 1: expected a mapping"):
+        parse_trace("- 3", "t.yaml", KNOWN)
+    with pytest.raises(TraceError, match=r"row 1: unknown column when"):
+        parse_trace("- {when: 1}", "t.yaml", KNOWN)
+    with pytest.raises(TraceError, match=r"has no rows"):
+        parse_trace(HEADER, "t.csv", KNOWN)
+
+
+def test_durations() -> None:
+    assert parse_seconds("1d6h30m") == 86400 + 6 * 3600 + 1800
+    assert parse_seconds("1.5h") == 5400
+    assert parse_seconds(90) == 90
+    with pytest.raises(ValueError):
+        parse_seconds("6 hours")
+
+
+def test_the_default_trace_is_the_seed_tenant_table_shape_and_round_trips_as_csv() -> None:
+    rows = default_trace()
+    assert rows == default_trace(), "generated from a fixed seed"
+    assert {r.namespace for r in rows} == set(NAMESPACES)
+    by_ns = {ns: [r for r in rows if r.namespace == ns] for ns in NAMESPACES}
+    assert {r.gpus for r in by_ns["data-team"]} <= {2, 4, 8}
+    assert {r.gpus for r in by_ns["algo-team"]} <= {1, 2, 4}
+    assert {r.gpus for r in by_ns["serving"]} <= {1, 2}
+    assert {r.kind for r in by_ns["batch"]} == {"katib-trial"}
+    hours = {int(r.at % 86400 // 3600) for r in by_ns["algo-team"]}
+    assert hours <= set(range(9, 18)), "the algorithm team works office hours"
+    night = {int(r.at % 86400 // 3600) for r in by_ns["data-team"] if r.name == "data-loading"}
+    assert night <= {22, 23, 0, 1, 2, 3}, "pipelines start at night"
+    again = parse_trace(trace_csv(rows), "default.csv", NAMESPACES)
+    assert [(r.at, r.namespace, r.kind, r.gpus, r.duration, r.memory_used) for r in again] == [
+        (r.at, r.namespace, r.kind, r.gpus, r.duration, r.memory_used) for r in rows
+    ]
+
+
+def test_simulate_refuses_a_bad_trace_with_the_row_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "week.csv"
+    trace.write_text(_csv("0,algo-team,notebook,a,1,1h,1Gi,", "0,nobody,notebook,a,1,1h,1Gi,"))
+    assert main(["simulate", "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {trace}: row 2: unknown tenant namespace 'nobody'" in err
+    assert "Traceback" not in err
+    assert main(["simulate", "--trace", str(tmp_path / "missing.csv")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_dump_trace_prints_what_would_be_replayed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--dump-trace", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(HEADER)
+    assert len(out.splitlines()) == len(default_trace()) + 1
+
+
+def test_summary_measures_allocation_memory_waits_and_outcomes() -> None:
+    hour = 3600.0
+    gib = float(2**30)
+    records = [
+        # 8 GPUs for the first hour, using half their memory.
+        PodRecord(
+            "a",
+            "t1",
+            1,
+            created=0,
+            gpus=8,
+            memory_allocated=8 * 80 * gib,
+            memory_used=8 * 40 * gib,
+            bound=0,
+            ended=hour,
+        ),
+        # waited one hour, then 1 GPU to the end (never ended).
+        PodRecord(
+            "b",
+            "t2",
+            2,
+            created=0,
+            gpus=1,
+            memory_allocated=80 * gib,
+            memory_used=20 * gib,
+            bound=hour,
+        ),
+        PodRecord(
+            "c",
+            "t2",
+            3,
+            created=hour,
+            gpus=1,
+            memory_allocated=80 * gib,
+            bound=1.5 * hour,
+            ended=1.75 * hour,
+            preempted=True,
+        ),
+        PodRecord("d", "t1", 4, created=0),
+        PodRecord("e", "t1", 5, created=0, refused="denied"),
+    ]
+    report = summarize("s", records, physical_gpus=16, horizon=2 * hour)
+    assert report.allocation == pytest.approx((8 / 16, (1 + 0.25) / 16))
+    assert report.average_allocation == pytest.approx((8 + 1 + 0.25) / (16 * 2))
+    assert report.memory_used_share == pytest.approx((320 + 20) / (640 + 80 + 20))
+    assert report.waits["t2"] == {"placed": 2, "p50": hour * 0.5, "p95": hour}
+    assert (report.preemptions, report.never_placed, report.refused) == (1, 1, 1)
+    assert percentile([], 0.5) is None
+
+
+def test_lab_strategies_schedule_volcano_policies_on_the_nvidia_backend() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO / "policies")}
+    assert list(strategies) == ["no-governance", "sharing-only", "default-policy"]
+    default = strategies["default-policy"]
+    assert default.policies is not None and default.shares
+    assert any("backend volcano simulated as nvidia" in note for note in default.notes)
+    assert not strategies["no-governance"].shares
+    pod = workload_pod("notebook", name="nb-1", namespace="algo-team", workload="nb", gpus=1)
+    view = ClusterView(
+        namespace_labels={"algo-team": {"app.kubernetes.io/part-of": "kubeflow-profile"}}
+    )
+    result = admit(AdmissionRequest("CREATE", "algo-team", pod), default.policies, view)
+    limits = result.pod["spec"]["containers"][0]["resources"]["limits"]
+    assert limits == {LAB_BACKEND["sharedResourceName"]: "1"}
+    assert pod_allocation(result.pod, replicas=4, gpu_memory=80.0) == (0.25, 20.0)
+
+
+def test_layout_keeps_the_physical_gpus_whether_or_not_it_shares() -> None:
+    layout = Layout(nodes=8, gpus_per_node=8, mps_nodes=2, mps_replicas=4)
+    assert sum(p.physical_gpus for p in layout.pools(shares=False)) == 64
+    pools = layout.pools(shares=True)
+    assert sum(p.physical_gpus for p in pools) == 64
+    assert [(p.name, p.count, p.gpu_resource) for p in pools] == [
+        ("gpu", 6, "nvidia.com/gpu"),
+        ("mps", 2, "nvidia.com/gpu.shared"),
+    ]
