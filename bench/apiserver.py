@@ -1,0 +1,881 @@
+"""Pod creation through a real kube-apiserver: no webhook, gpuwarden, and Kyverno (issue 13).
+
+One etcd + kube-apiserver on loopback (gpuwarden.lab.controlplane, the e2e suites' control plane)
+serves three runs in one go:
+
+* **none**: no admission webhook is registered;
+* **gpuwarden**: ``gpuwarden serve`` with the chart's Mutating and Validating
+  WebhookConfigurations, set up exactly as the e2e suites do it (tests/e2e/webhook.py);
+* **kyverno**: Kyverno's admission controller (hack/build-kyverno.sh), run out of cluster against
+  the same API server (``--serverIP``), with its CRDs and ConfigMaps from its module's config/ and
+  the ClusterPolicies of bench/kyverno/.
+
+In each run, concurrent clients (8 and 32 by default; threads spread over a few processes, each
+with its own keep-alive connection) create the seven example pods with ``dryRun=All`` through the
+``kubernetes`` Python client for a fixed time after a warm-up. Printed: pods/s, p50/p99 creation
+latency, the latency each webhook adds to the no-webhook run, and their ratios. Then the offline
+CLIs on the same 2,000 pods: ``gpuwarden apply`` against ``kyverno apply``.
+
+Everything listens on 127.0.0.1. Run: ``python bench/apiserver.py`` (about 3 minutes; ``make
+bench-peers`` builds the tools first). ``--quick`` for a shorter run; ``--no-kyverno`` when
+Kyverno is not built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import json
+import math
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from gpuwarden.lab.controlplane import ControlPlane, Tools, cache_dir, free_ports  # noqa: E402
+
+KYVERNO_POLICIES = ROOT / "bench" / "kyverno"
+EXAMPLES = ROOT / "examples"
+NAMESPACES_FILE = EXAMPLES / "namespaces.yaml"
+DEFAULT_POLICIES = ROOT / "policies"
+
+#: Targets of issue 13.
+TARGET_ADDED_RATIO = 0.5
+TARGET_THROUGHPUT_RATIO = 0.9
+
+PEERS = ("none", "gpuwarden", "kyverno")
+#: What each run's pods must show before it is measured: the annotation both policies set.
+GOVERNED_ANNOTATION = "gpuwarden.io/profile"
+KYVERNO_NAMESPACE = "kyverno"
+KYVERNO_CA_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-ca"
+KYVERNO_TLS_SECRET = "kyverno-svc.kyverno.svc.kyverno-tls-pair"
+KYVERNO_INSTALL_MANIFEST = Path("config") / "install-latest-testing.yaml"
+
+Obj = dict[str, Any]
+
+
+# --- statistics (pure) -------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0..100) of ``values`` by linear interpolation between closest ranks."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile {q} outside 0..100")
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100.0
+    low = math.floor(position)
+    high = math.ceil(position)
+    if low == high:
+        return ordered[low]
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+@dataclass(frozen=True)
+class RunStats:
+    """One (peer, clients) run: completed creations within the measured window."""
+
+    peer: str
+    clients: int
+    seconds: float
+    latencies_ms: tuple[float, ...]
+    errors: int
+
+    @property
+    def count(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def rate(self) -> float:
+        return self.count / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def p50(self) -> float:
+        return percentile(self.latencies_ms, 50) if self.latencies_ms else math.nan
+
+    @property
+    def p99(self) -> float:
+        return percentile(self.latencies_ms, 99) if self.latencies_ms else math.nan
+
+
+@dataclass(frozen=True)
+class Added:
+    """The latency a webhook adds to the no-webhook run at the same concurrency."""
+
+    peer: str
+    clients: int
+    p50_ms: float
+    p99_ms: float
+    throughput_ratio: float
+
+
+def added_latency(run: RunStats, baseline: RunStats) -> Added:
+    if run.clients != baseline.clients:
+        raise ValueError(f"{run.clients} clients against a baseline of {baseline.clients}")
+    ratio = run.rate / baseline.rate if baseline.rate > 0 else math.nan
+    return Added(run.peer, run.clients, run.p50 - baseline.p50, run.p99 - baseline.p99, ratio)
+
+
+def ratio(numerator: float, denominator: float) -> float:
+    """numerator/denominator, NaN where that means nothing (a webhook that adds nothing)."""
+    if denominator <= 0 or math.isnan(denominator) or math.isnan(numerator):
+        return math.nan
+    return numerator / denominator
+
+
+def verdict(value: float, target: float, *, at_most: bool) -> str:
+    if math.isnan(value):
+        return "not measured"
+    met = value <= target if at_most else value >= target
+    return "met" if met else "not met"
+
+
+def format_runs(runs: Sequence[RunStats]) -> list[str]:
+    lines = [f"{'webhooks':<12}{'clients':>8}{'pods/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"]
+    for run in runs:
+        lines.append(
+            f"{run.peer:<12}{run.clients:>8}{run.rate:>9.0f}{run.p50:>9.2f}{run.p99:>9.2f}"
+            f"{run.errors:>8}"
+        )
+    return lines
+
+
+def comparisons(runs: Sequence[RunStats]) -> list[str]:
+    """Added latency per webhook and concurrency, the gpuwarden/Kyverno ratios, the verdicts."""
+    by_key = {(run.peer, run.clients): run for run in runs}
+    clients = sorted({run.clients for run in runs})
+    lines = [f"{'added vs none':<14}{'clients':>8}{'p50 +ms':>9}{'p99 +ms':>9}{'pods/s ratio':>14}"]
+    added: dict[tuple[str, int], Added] = {}
+    for peer in ("gpuwarden", "kyverno"):
+        for n in clients:
+            run, base = by_key.get((peer, n)), by_key.get(("none", n))
+            if run is None or base is None:
+                continue
+            a = added_latency(run, base)
+            added[(peer, n)] = a
+            lines.append(
+                f"{peer:<14}{n:>8}{a.p50_ms:>9.2f}{a.p99_ms:>9.2f}{a.throughput_ratio:>13.2f}x"
+            )
+    for n in clients:
+        gw, ky = added.get(("gpuwarden", n)), added.get(("kyverno", n))
+        if gw is not None:
+            lines.append(
+                f"{n} clients: gpuwarden keeps {gw.throughput_ratio:.2f}x the no-webhook "
+                f"throughput (target >= {TARGET_THROUGHPUT_RATIO}): "
+                f"{verdict(gw.throughput_ratio, TARGET_THROUGHPUT_RATIO, at_most=False)}"
+            )
+        if gw is not None and ky is not None:
+            r50, r99 = ratio(gw.p50_ms, ky.p50_ms), ratio(gw.p99_ms, ky.p99_ms)
+            lines.append(
+                f"{n} clients: gpuwarden adds {r50:.2f}x Kyverno's added latency at p50, "
+                f"{r99:.2f}x at p99 (target <= {TARGET_ADDED_RATIO}): "
+                f"p50 {verdict(r50, TARGET_ADDED_RATIO, at_most=True)}, "
+                f"p99 {verdict(r99, TARGET_ADDED_RATIO, at_most=True)}"
+            )
+    return lines
+
+
+@dataclass(frozen=True)
+class CliTiming:
+    """An offline CLI on ``pods`` pods and on one pod (its start-up), wall-clock seconds."""
+
+    name: str
+    pods: int
+    seconds: float
+    startup_seconds: float
+
+    @property
+    def rate(self) -> float:
+        """Pods per second of the whole run, start-up included."""
+        return self.pods / self.seconds if self.seconds > 0 else math.nan
+
+    @property
+    def marginal_rate(self) -> float:
+        """Decisions per second once started: the extra pods over the extra time."""
+        extra = self.seconds - self.startup_seconds
+        return (self.pods - 1) / extra if extra > 0 else math.nan
+
+
+def format_cli(timings: Sequence[CliTiming]) -> list[str]:
+    if not timings:
+        return []
+    pods = timings[0].pods
+    lines = [
+        f"{f'offline, {pods:,} pods':<22}{'wall s':>8}{'pods/s':>9}{'1-pod s':>9}"
+        f"{'decisions/s':>13}"
+    ]
+    for t in timings:
+        lines.append(
+            f"{t.name:<22}{t.seconds:>8.2f}{t.rate:>9.0f}{t.startup_seconds:>9.2f}"
+            f"{t.marginal_rate:>13.0f}"
+        )
+    if len(timings) == 2:
+        lines.append(
+            f"{timings[0].name} / {timings[1].name}: {ratio(timings[0].rate, timings[1].rate):.1f}x "
+            f"pods/s, {ratio(timings[0].marginal_rate, timings[1].marginal_rate):.1f}x decisions/s"
+        )
+    return lines
+
+
+# --- arguments (pure) --------------------------------------------------------------------------
+
+
+def parse_clients(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a comma-separated list of integers: {text!r}"
+        ) from None
+    if not values or any(v < 1 or v > 256 for v in values):
+        raise argparse.ArgumentTypeError(f"client counts must be 1..256: {text!r}")
+    return values
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    values = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [v for v in values if v not in PEERS]
+    if unknown or not values:
+        raise argparse.ArgumentTypeError(f"peers are {', '.join(PEERS)}; got {text!r}")
+    # Always in the order of PEERS: none first, it is every comparison's baseline.
+    return tuple(p for p in PEERS if p in values)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--clients", type=parse_clients, default=(8, 32), help="e.g. 8,32")
+    parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per run")
+    parser.add_argument(
+        "--processes", type=int, default=2, help="client processes the threads are spread over"
+    )
+    parser.add_argument("--peers", type=parse_peers, default=PEERS, help="none,gpuwarden,kyverno")
+    parser.add_argument("--no-kyverno", action="store_true", help="leave Kyverno out")
+    parser.add_argument("--cli-pods", type=int, default=2000, help="pods for the offline CLIs")
+    parser.add_argument("--no-cli", action="store_true", help="skip the offline CLI comparison")
+    parser.add_argument("--quick", action="store_true", help="3 s runs, 500 CLI pods")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.duration, args.warmup, args.cli_pods = 3.0, 1.0, 500
+    if args.no_kyverno:
+        args.peers = tuple(p for p in args.peers if p != "kyverno")
+    if args.duration <= 0 or args.warmup < 0:
+        raise SystemExit("--duration must be > 0 and --warmup >= 0")
+    if args.processes < 1:
+        raise SystemExit("--processes must be >= 1")
+    if args.cli_pods < 2:
+        raise SystemExit("--cli-pods must be >= 2")
+    return args
+
+
+# --- the pods ----------------------------------------------------------------------------------
+
+
+def example_pods() -> list[Obj]:
+    """The seven Kubeflow example pods, in their tenant namespaces."""
+    pods: list[Obj] = []
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "Pod":
+                pods.append(doc)
+    if not pods:
+        raise SystemExit(f"no Pod manifests in {EXAMPLES}")
+    return pods
+
+
+def namespace_manifests() -> list[Obj]:
+    return [
+        doc
+        for doc in yaml.safe_load_all(NAMESPACES_FILE.read_text())
+        if isinstance(doc, dict) and doc.get("kind") == "Namespace"
+    ]
+
+
+def numbered_pods(pods: Sequence[Obj], count: int) -> list[Obj]:
+    """``count`` pods, the examples in turn, each with a unique name."""
+    out: list[Obj] = []
+    for i in range(count):
+        pod = copy.deepcopy(pods[i % len(pods)])
+        meta = pod["metadata"]
+        suffix = f"-{i:05d}"
+        meta["name"] = str(meta["name"])[: 63 - len(suffix)] + suffix
+        out.append(pod)
+    return out
+
+
+# --- the load: concurrent dry-run creations ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """Wall-clock (time.time) bounds of one run, shared by every client process."""
+
+    start: float  # the warm-up begins
+    measure_from: float
+    until: float
+
+
+def _client_thread(
+    kubeconfig: str,
+    pods: Sequence[Obj],
+    offset: int,
+    window: Window,
+    latencies: list[float],
+    errors: list[int],
+) -> None:
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+    from kubernetes.client.exceptions import ApiException
+
+    configuration = k8s_client.Configuration()
+    k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+    api = k8s_client.ApiClient(configuration)
+    core: Any = k8s_client.CoreV1Api(api)
+    i = offset
+    try:
+        while time.time() < window.start:
+            time.sleep(0.001)
+        while True:
+            pod = pods[i % len(pods)]
+            i += 1
+            began = time.time()
+            if began >= window.until:
+                break
+            ok = True
+            t0 = time.perf_counter()
+            try:
+                response = core.create_namespaced_pod(
+                    pod["metadata"]["namespace"], pod, dry_run="All", _preload_content=False
+                )
+                _ = response.data
+                response.release_conn()
+                ok = response.status == 201
+            except ApiException:
+                ok = False
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
+            if began >= window.measure_from and time.time() <= window.until:
+                if ok:
+                    latencies.append(elapsed_ms)
+                else:
+                    errors.append(1)
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def _client_process(
+    kubeconfig: str, pods: list[Obj], threads: int, first: int, window: Window
+) -> tuple[list[float], int]:
+    """``threads`` closed-loop clients in one process; their latencies (ms) and error count."""
+    latencies: list[float] = []
+    errors: list[int] = []
+    workers = [
+        threading.Thread(
+            target=_client_thread,
+            args=(kubeconfig, pods, first + t, window, latencies, errors),
+            daemon=True,
+        )
+        for t in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=window.until - time.time() + 60.0)
+    return latencies, len(errors)
+
+
+def split_clients(clients: int, processes: int) -> list[int]:
+    """Threads per process, as even as possible, no process without a thread."""
+    processes = max(1, min(processes, clients))
+    base, extra = divmod(clients, processes)
+    return [base + (1 if p < extra else 0) for p in range(processes)]
+
+
+def measure(
+    peer: str,
+    clients: int,
+    *,
+    kubeconfig: Path,
+    pods: list[Obj],
+    duration: float,
+    warmup: float,
+    processes: int,
+    pool: Any,
+) -> RunStats:
+    """One closed-loop run of ``clients`` concurrent creators; only the measured window counts."""
+    # A second for every process to import the client and connect before the warm-up begins.
+    start = time.time() + 1.5
+    window = Window(start=start, measure_from=start + warmup, until=start + warmup + duration)
+    shares = split_clients(clients, processes)
+    firsts = [sum(shares[:p]) for p in range(len(shares))]
+    results = pool.starmap(
+        _client_process,
+        [
+            (str(kubeconfig), pods, n, first, window)
+            for n, first in zip(shares, firsts, strict=True)
+        ],
+    )
+    latencies = tuple(ms for part, _ in results for ms in part)
+    errors = sum(e for _, e in results)
+    return RunStats(peer, clients, duration, latencies, errors)
+
+
+# --- the cluster side --------------------------------------------------------------------------
+
+
+def wait_for(what: str, probe: Callable[[], bool], timeout: float, poll: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            if probe():
+                return
+        except Exception as exc:  # a probe against a server that is still starting
+            last = f" (last error: {type(exc).__name__}: {str(exc)[:300]})"
+        if time.monotonic() >= deadline:
+            raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}{last}")
+        time.sleep(poll)
+
+
+def dry_run_pod(plane: ControlPlane, pod: Mapping[str, Any]) -> Obj:
+    from kubernetes import client as k8s_client
+
+    api = plane.api_client()
+    try:
+        core: Any = k8s_client.CoreV1Api(api)
+        response = core.create_namespaced_pod(
+            pod["metadata"]["namespace"], dict(pod), dry_run="All", _preload_content=False
+        )
+        created: Obj = json.loads(response.data)
+        return created
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+def governed(created: Mapping[str, Any]) -> bool:
+    return GOVERNED_ANNOTATION in ((created.get("metadata") or {}).get("annotations") or {})
+
+
+def comparable(pod: Mapping[str, Any]) -> Obj:
+    """What both policies set: gpuwarden.io/* and Volcano annotations, scheduler, priority,
+    container resources (quantities as the API server canonicalises them)."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    annotations = {
+        k: v
+        for k, v in (meta.get("annotations") or {}).items()
+        if k.startswith(("gpuwarden.io/", "scheduling.volcano.sh/", "volcano.sh/"))
+    }
+    return {
+        "annotations": annotations,
+        "schedulerName": spec.get("schedulerName"),
+        "priorityClassName": spec.get("priorityClassName"),
+        "priority": spec.get("priority"),
+        "preemptionPolicy": spec.get("preemptionPolicy"),
+        "resources": {c["name"]: c.get("resources") for c in spec.get("containers") or []},
+    }
+
+
+def differences(ours: Mapping[str, Any], theirs: Mapping[str, Any]) -> list[str]:
+    """Where two comparable() views differ: field names, annotation keys, container names."""
+    out: list[str] = []
+    for key in sorted(set(ours) | set(theirs)):
+        a, b = ours.get(key), theirs.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{key}[{k}]" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+        else:
+            out.append(key)
+    return out
+
+
+def compare_outputs(ours: Mapping[str, Obj], theirs: Mapping[str, Obj]) -> list[str]:
+    same = [name for name, pod in ours.items() if not differences(pod, theirs.get(name) or {})]
+    lines = [
+        f"Kyverno's pods equal gpuwarden's on {len(same)} of {len(ours)} examples "
+        "(gpuwarden.io/* and Volcano annotations, scheduler, priority, resources)"
+    ]
+    for name, pod in ours.items():
+        diff = differences(pod, theirs.get(name) or {})
+        if diff:
+            lines.append(f"  {name}: {', '.join(diff)} differ")
+    return lines
+
+
+def check_run(plane: ControlPlane, peer: str, pods: Sequence[Obj]) -> dict[str, Obj]:
+    """Each example once; the pods come back governed exactly when a webhook is in the path."""
+    out: dict[str, Obj] = {}
+    for pod in pods:
+        created = dry_run_pod(plane, pod)
+        out[str(pod["metadata"]["name"])] = comparable(created)
+    count = sum(1 for c in out.values() if GOVERNED_ANNOTATION in c["annotations"])
+    if peer == "none" and count:
+        raise RuntimeError(f"{count} pods came back governed with no webhook registered")
+    if peer != "none" and count == 0:
+        raise RuntimeError(f"no pod came back governed through {peer}")
+    print(f"  {peer}: {count} of {len(pods)} example pods governed", flush=True)
+    return out
+
+
+def prepare_cluster(plane: ControlPlane, workdir: Path) -> None:
+    """The example namespaces with their labels, and the PriorityClasses gpuwarden's chart
+    installs (both policies set them; every run sees the same cluster)."""
+    from tests.e2e.webhook import chart_values_for, ensure_priority_classes, render_chart
+
+    for manifest in namespace_manifests():
+        labels = {
+            k: v
+            for k, v in (manifest["metadata"].get("labels") or {}).items()
+            if k != "kubernetes.io/metadata.name"
+        }
+        metadata = {"name": manifest["metadata"]["name"], "labels": labels}
+        body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+        plane.kubectl("apply", "-f", "-", input=json.dumps(body))
+    workdir.mkdir(parents=True, exist_ok=True)
+    chart = render_chart(
+        plane.helm_path, values=chart_values_for((DEFAULT_POLICIES,)), workdir=workdir
+    )
+    api = plane.api_client()
+    try:
+        ensure_priority_classes(api, [d for d in chart if d.get("kind") == "PriorityClass"])
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def gpuwarden_webhooks(plane: ControlPlane, workdir: Path) -> Iterator[None]:
+    """gpuwarden serve and the chart's webhook configurations, as the e2e suites set them up."""
+    from tests.e2e.webhook import wait_until_governed, webhook_stack
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    api = plane.api_client()
+    try:
+        with webhook_stack(
+            api,
+            kubeconfig=plane.kubeconfig_path,
+            helm=plane.helm_path,
+            workdir=workdir,
+            policies=(DEFAULT_POLICIES,),
+        ):
+            for manifest in namespace_manifests():
+                name = manifest["metadata"]["name"]
+                tenant = name if name in ("tenant-a", "tenant-b") else "kubeflow-profiles"
+                wait_until_governed(api, name, tenant, timeout=60.0)
+            yield
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class KyvernoTools:
+    admission: Path
+    cli: Path
+    module: Path
+
+    @classmethod
+    def load(cls, cache: Path | None = None) -> KyvernoTools:
+        env_file = (cache or cache_dir()) / "kyverno.env"
+        if not env_file.is_file():
+            raise FileNotFoundError(f"{env_file} does not exist; run hack/build-kyverno.sh")
+        values = dict(
+            line.split("=", 1) for line in env_file.read_text().splitlines() if "=" in line
+        )
+        tools = cls(
+            admission=Path(values.get("KYVERNO", "")),
+            cli=Path(values.get("KYVERNO_CLI", "")),
+            module=Path(values.get("KYVERNO_MODULE", "")),
+        )
+        for path in (tools.admission, tools.cli):
+            if not (path.is_file() and os.access(path, os.X_OK)):
+                raise FileNotFoundError(f"{path} (from {env_file}) is not an executable file")
+        if not (tools.module / "config" / "crds").is_dir():
+            raise FileNotFoundError(
+                f"{tools.module}/config/crds missing; run hack/build-kyverno.sh"
+            )
+        return tools
+
+
+def kyverno_configmaps(module: Path) -> list[Obj]:
+    """The admission controller's ConfigMaps (kyverno, kyverno-metrics) of Kyverno's install."""
+    text = (module / KYVERNO_INSTALL_MANIFEST).read_text()
+    return [
+        doc
+        for doc in yaml.safe_load_all(text)
+        if isinstance(doc, dict)
+        and doc.get("kind") == "ConfigMap"
+        and (doc.get("metadata") or {}).get("namespace") == KYVERNO_NAMESPACE
+    ]
+
+
+def kyverno_values_file(path: Path) -> Path:
+    """The CLI's namespace labels (a namespaceSelector needs them offline), from namespaces.yaml."""
+    values = {
+        "apiVersion": "cli.kyverno.io/v1alpha1",
+        "kind": "Values",
+        "namespaceSelector": [
+            {"name": m["metadata"]["name"], "labels": dict(m["metadata"].get("labels") or {})}
+            for m in namespace_manifests()
+        ],
+    }
+    path.write_text(yaml.safe_dump(values, sort_keys=False))
+    return path
+
+
+def kyverno_argv(tools: KyvernoTools, kubeconfig: Path, port: int, metrics_port: int) -> list[str]:
+    env = {
+        # What the Deployment of Kyverno's install gives the container, with a pod name of our own.
+        "KYVERNO_NAMESPACE": KYVERNO_NAMESPACE,
+        "KYVERNO_POD_NAME": "kyverno-admission-controller-bench",
+        "KYVERNO_SERVICEACCOUNT_NAME": "kyverno-admission-controller",
+        "KYVERNO_ROLE_NAME": "kyverno:admission-controller",
+        "KYVERNO_DEPLOYMENT": "kyverno-admission-controller",
+        "KYVERNO_SVC": "kyverno-svc",
+        "INIT_CONFIG": "kyverno",
+        "METRICS_CONFIG": "kyverno-metrics",
+    }
+    return [
+        "/usr/bin/env",
+        *(f"{k}={v}" for k, v in env.items()),
+        str(tools.admission),
+        f"--kubeconfig={kubeconfig}",
+        # Out of cluster: webhooks point at https://<serverIP><path>, the certificate names it.
+        f"--serverIP=127.0.0.1:{port}",
+        "--webhookServerHost=127.0.0.1",
+        f"--webhookServerPort={port}",
+        f"--caSecretName={KYVERNO_CA_SECRET}",
+        f"--tlsSecretName={KYVERNO_TLS_SECRET}",
+        "--metricsHost=127.0.0.1",
+        f"--metricsPort={metrics_port}",
+        "--controllerRuntimeMetricsAddress=0",
+        # As Kyverno's install runs it (config/install-latest-testing.yaml).
+        "--loggingFormat=text",
+        "--v=2",
+        "--omitEvents=PolicyApplied,PolicySkipped",
+        "--enablePolicyException=false",
+    ]
+
+
+def _kyverno_webhooks_ready(plane: ControlPlane) -> bool:
+    names = plane.kubectl(
+        "get", "mutatingwebhookconfigurations,validatingwebhookconfigurations", "-o", "name"
+    ).stdout
+    return "kyverno-resource-mutating-webhook-cfg" in names and (
+        "kyverno-resource-validating-webhook-cfg" in names
+    )
+
+
+@contextlib.contextmanager
+def kyverno_webhooks(plane: ControlPlane, tools: KyvernoTools, probe_pod: Obj) -> Iterator[None]:
+    """Kyverno's admission controller out of cluster, with bench/kyverno's ClusterPolicies."""
+    crds = tools.module / "config" / "crds"
+    plane.kubectl("apply", "--server-side", "-R", "-f", str(crds), timeout=120)
+    plane.kubectl(
+        "wait", "--for=condition=Established", "crd", "--all", "--timeout=60s", timeout=90
+    )
+    plane.kubectl(
+        "apply",
+        "-f",
+        "-",
+        input=json.dumps(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "kyverno"}}
+        ),
+    )
+    for configmap in kyverno_configmaps(tools.module):
+        plane.kubectl("apply", "-f", "-", input=json.dumps(configmap))
+    port, metrics_port = free_ports(2)
+    process = plane.spawn("kyverno", kyverno_argv(tools, plane.kubeconfig_path, port, metrics_port))
+    try:
+        plane.kubectl("apply", "-f", str(KYVERNO_POLICIES / "mutate.yaml"))
+        plane.kubectl("apply", "-f", str(KYVERNO_POLICIES / "validate.yaml"))
+
+        def ready() -> bool:
+            if process.popen.poll() is not None:
+                raise SystemExit(f"kyverno exited ({process.popen.returncode}):\n{process.tail()}")
+            return _kyverno_webhooks_ready(plane) and governed(dry_run_pod(plane, probe_pod))
+
+        try:
+            wait_for("Kyverno's webhooks to mutate a pod", ready, timeout=240.0, poll=0.5)
+        except RuntimeError as exc:
+            raise SystemExit(f"{exc}\nkyverno log {process.log_path}:\n{process.tail()}") from None
+        yield
+    finally:
+        with contextlib.suppress(subprocess.SubprocessError):
+            plane.kubectl(
+                "delete", "clusterpolicies.kyverno.io", "--all", "--wait=false", check=False
+            )
+        process.terminate(15.0)
+        # Kyverno leaves its webhook configurations behind; nothing may call a server that is gone.
+        plane.kubectl(
+            "delete",
+            "mutatingwebhookconfigurations,validatingwebhookconfigurations",
+            "-l",
+            "webhook.kyverno.io/managed-by",
+            "--ignore-not-found",
+            check=False,
+        )
+
+
+# --- the offline CLIs ----------------------------------------------------------------------------
+
+
+def time_command(argv: Sequence[str], timeout: float = 900.0) -> float:
+    began = time.perf_counter()
+    result = subprocess.run(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        timeout=timeout,
+        check=False,
+    )
+    seconds = time.perf_counter() - began
+    # gpuwarden apply exits 1 when a pod is denied; anything else is a failure of the run.
+    if result.returncode not in (0, 1):
+        tail = result.stderr.decode(errors="replace")[-2000:]
+        raise SystemExit(f"{' '.join(argv[:3])} ... exited {result.returncode}:\n{tail}")
+    return seconds
+
+
+def cli_timings(
+    pods: Sequence[Obj], count: int, workdir: Path, kyverno: KyvernoTools | None
+) -> list[CliTiming]:
+    many = workdir / f"pods-{count}.yaml"
+    many.write_text(yaml.safe_dump_all(numbered_pods(pods, count), sort_keys=False))
+    one = workdir / "pods-1.yaml"
+    one.write_text(yaml.safe_dump_all(numbered_pods(pods, 1), sort_keys=False))
+    gpuwarden = shutil.which("gpuwarden", path=str(Path(sys.executable).parent)) or "gpuwarden"
+    commands: list[tuple[str, Callable[[Path], list[str]]]] = [
+        (
+            "gpuwarden apply",
+            lambda f: [
+                gpuwarden, "apply", "--policies", str(DEFAULT_POLICIES),
+                "--namespaces", str(NAMESPACES_FILE), "-o", "patch", str(f),
+            ],
+        )
+    ]  # fmt: skip
+    if kyverno is not None:
+        values = kyverno_values_file(workdir / "kyverno-values.yaml")
+        cli = str(kyverno.cli)
+        commands.append(
+            (
+                "kyverno apply",
+                lambda f: [
+                    cli, "apply", str(KYVERNO_POLICIES / "mutate.yaml"),
+                    str(KYVERNO_POLICIES / "validate.yaml"), "--values-file", str(values),
+                    "--resource", str(f), "--remove-color",
+                ],
+            )
+        )  # fmt: skip
+    timings = []
+    for name, argv in commands:
+        time_command(argv(one))  # warm the page cache
+        startup = min(time_command(argv(one)) for _ in range(2))
+        timings.append(CliTiming(name, count, time_command(argv(many)), startup))
+    return timings
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+
+def machine_note() -> str:
+    load1, _, _ = os.getloadavg()
+    return f"{os.cpu_count()} CPUs, load average {load1:.2f} at the start"
+
+
+def run(args: argparse.Namespace) -> int:
+    tools = Tools.load()
+    kyverno: KyvernoTools | None = None
+    if not args.no_kyverno:
+        try:
+            kyverno = KyvernoTools.load()
+        except FileNotFoundError as exc:
+            raise SystemExit(f"{exc} (or pass --no-kyverno)") from None
+    pods = example_pods()
+    workdir = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-apiserver-"))
+    print(f"bench/apiserver.py: {machine_note()}; work directory {workdir}", flush=True)
+    runs: list[RunStats] = []
+    outputs: dict[str, dict[str, Obj]] = {}
+    context = multiprocessing.get_context("spawn")
+    try:
+        with (
+            ControlPlane(tools, keep_workdir=args.keep) as plane,
+            context.Pool(args.processes) as pool,
+        ):
+            prepare_cluster(plane, workdir / "cluster")
+
+            def measure_all(peer: str) -> None:
+                outputs[peer] = check_run(plane, peer, pods)
+                for clients in args.clients:
+                    stats = measure(
+                        peer,
+                        clients,
+                        kubeconfig=plane.kubeconfig_path,
+                        pods=pods,
+                        duration=args.duration,
+                        warmup=args.warmup,
+                        processes=args.processes,
+                        pool=pool,
+                    )
+                    print("  " + format_runs([stats])[1], flush=True)
+                    runs.append(stats)
+
+            for peer in args.peers:
+                print(f"{peer}:", flush=True)
+                if peer == "none":
+                    measure_all(peer)
+                elif peer == "gpuwarden":
+                    with gpuwarden_webhooks(plane, workdir / "gpuwarden"):
+                        measure_all(peer)
+                elif kyverno is not None:
+                    probe = next(p for p in pods if p["metadata"]["name"].startswith("alice-"))
+                    with kyverno_webhooks(plane, kyverno, probe):
+                        measure_all(peer)
+        print()
+        print(
+            f"through the API server: dryRun=All creations of the {len(pods)} example pods, "
+            f"{args.duration:g} s per run after {args.warmup:g} s warm-up, clients spread over "
+            f"{args.processes} processes"
+        )
+        for line in format_runs(runs) + comparisons(runs):
+            print(line)
+        if args.keep:
+            (workdir / "pods.json").write_text(json.dumps(outputs, indent=1, sort_keys=True))
+        if "gpuwarden" in outputs and "kyverno" in outputs:
+            for line in compare_outputs(outputs["gpuwarden"], outputs["kyverno"]):
+                print(line)
+        if not args.no_cli:
+            print()
+            for line in format_cli(cli_timings(pods, args.cli_pods, workdir, kyverno)):
+                print(line)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())
