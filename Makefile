@@ -39,9 +39,20 @@ test: lint typecheck tools
 demo: $(STAMP)
 	bash hack/demo.sh
 
-bench: $(STAMP)
+bench: $(STAMP) tools kyverno
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/load.py
+	$(BIN)/python bench/apiserver.py
+
+.PHONY: kyverno bench-peers
+
+## Build (or reuse from the cache) Kyverno's admission controller and CLI; only the benchmarks use them.
+kyverno:
+	bash hack/build-kyverno.sh
+
+## Pod creation through a real API server with no webhook, gpuwarden and Kyverno; the offline CLIs.
+bench-peers: $(STAMP) tools kyverno
+	$(BIN)/python bench/apiserver.py
 
 fuzz: $(STAMP)
 	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/test_fuzz.py
