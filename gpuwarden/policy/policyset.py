@@ -124,8 +124,8 @@ class PolicySet:
             for name in profiles
         }
         sized = {
-            (tenant, name, gpus): _grant(replace(grant.profile, gpus=gpus), grant.tenant)
-            for (tenant, name), grant in grants.items()
+            (tenant_name, name, gpus): _grant(replace(grant.profile, gpus=gpus), grant.tenant)
+            for (tenant_name, name), grant in grants.items()
             if grant.profile.gpus_set_by is None
             for gpus in range(2, PRECOMPUTED_GPU_COUNTS + 1)
         }
