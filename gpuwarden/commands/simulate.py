@@ -7,7 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+import urllib3
 import yaml
+from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.commands._inputs import InputError, eprint, load_cluster
 from gpuwarden.lab import simulate
@@ -182,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     except ControlPlaneError as exc:
         eprint(f"error: the lab did not come up: {exc}")
+        return EXIT_FAILED
+    except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+        eprint(f"error: the lab's API server failed a request: {exc}")
         return EXIT_FAILED
     if args.output == "json":
         body = {

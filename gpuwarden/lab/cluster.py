@@ -37,10 +37,6 @@ _HTTP_NOT_FOUND = 404
 _HTTP_CONFLICT = 409
 
 
-class LabError(RuntimeError):
-    """Something the lab waited for did not happen in time (the message says what)."""
-
-
 def scheduler_configuration(kubeconfig: Path) -> dict[str, Any]:
     """KubeSchedulerConfiguration: the default profile, no leader election, and short backoff,
     so a pod that became schedulable (a GPU freed) is retried within about a second."""

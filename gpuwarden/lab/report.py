@@ -126,6 +126,7 @@ def summarize(
             "placed": len(placed),
             "p50": percentile(placed, 0.5),
             "p95": percentile(placed, 0.95),
+            "preempted": sum(1 for r in pods if r.namespace == namespace and r.preempted),
         }
     refusals = sorted({r.refused for r in pods if r.refused})
     return StrategyReport(
@@ -146,8 +147,16 @@ def summarize(
     )
 
 
-def _hours(seconds: float | int | None) -> str:
-    return "-" if seconds is None else f"{float(seconds) / 3600:.1f}h"
+def _duration(seconds: float | int | None) -> str:
+    """Minutes under an hour, hours above (simulated time)."""
+    if seconds is None:
+        return "-"
+    if seconds < 3600:
+        return f"{float(seconds) / 60:.0f}m"
+    return f"{float(seconds) / 3600:.1f}h"
+
+
+_NOTE_LIMIT = 200
 
 
 def table(reports: Sequence[StrategyReport]) -> str:
@@ -165,15 +174,16 @@ def table(reports: Sequence[StrategyReport]) -> str:
         )
     namespaces = sorted({ns for r in reports for ns in r.waits})
     lines.append("")
-    lines.append("wait from creation to binding, p50 / p95 (simulated hours):")
+    lines.append("wait from creation to binding, p50 / p95 (simulated time):")
     lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>15}" for ns in namespaces))
     for r in reports:
         cells = []
         for ns in namespaces:
             w = r.waits.get(ns, {})
-            cells.append(f"{_hours(w.get('p50')) + ' / ' + _hours(w.get('p95')):>15}")
+            cells.append(f"{_duration(w.get('p50')) + ' / ' + _duration(w.get('p95')):>15}")
         lines.append(f"{r.strategy:<18} " + " ".join(cells))
     for r in reports:
         for note in (*r.notes, *(f"refused: {text}" for text in r.refusals[:3])):
-            lines.append(f"note: {r.strategy}: {note}")
+            short = note if len(note) <= _NOTE_LIMIT else note[: _NOTE_LIMIT - 3] + "..."
+            lines.append(f"note: {r.strategy}: {short}")
     return "\n".join(lines)

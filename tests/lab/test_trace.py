@@ -10,7 +10,7 @@ import pytest
 from gpuwarden.cli import main
 from gpuwarden.lab.defaulttrace import NAMESPACES, default_trace
 from gpuwarden.lab.replay import pod_allocation
-from gpuwarden.lab.report import PodRecord, percentile, summarize
+from gpuwarden.lab.report import PodRecord, percentile, summarize, table
 from gpuwarden.lab.strategies import LAB_BACKEND, Layout, builtin_strategies
 from gpuwarden.lab.trace import TraceError, parse_seconds, parse_trace, trace_csv
 from gpuwarden.lab.workloads import workload_pod
@@ -171,7 +171,7 @@ def test_summary_measures_allocation_memory_waits_and_outcomes() -> None:
     assert report.allocation == pytest.approx((8 / 16, (1 + 0.25) / 16))
     assert report.average_allocation == pytest.approx((8 + 1 + 0.25) / (16 * 2))
     assert report.memory_used_share == pytest.approx((320 + 20) / (640 + 80 + 20))
-    assert report.waits["t2"] == {"placed": 2, "p50": hour * 0.5, "p95": hour}
+    assert report.waits["t2"] == {"placed": 2, "p50": hour * 0.5, "p95": hour, "preempted": 1}
     assert (report.preemptions, report.never_placed, report.refused) == (1, 1, 1)
     assert percentile([], 0.5) is None
 
@@ -202,3 +202,17 @@ def test_layout_keeps_the_physical_gpus_whether_or_not_it_shares() -> None:
         ("gpu", 6, "nvidia.com/gpu"),
         ("mps", 2, "nvidia.com/gpu.shared"),
     ]
+
+
+def test_the_terminal_table_shows_each_strategy_and_tenant_waits() -> None:
+    hour = 3600.0
+    records = [
+        PodRecord("a", "algo-team", 1, created=0, gpus=2, bound=600, ended=hour),
+        PodRecord("b", "batch", 2, created=0, gpus=1, bound=3 * hour, ended=4 * hour),
+    ]
+    text = table([summarize("mine", records, physical_gpus=4, horizon=4 * hour)])
+    header, row = text.splitlines()[:2]
+    assert header.split()[:2] == ["strategy", "GPU"]
+    # 2 GPUs for 50 min and 1 GPU for an hour, of 4 GPUs over 4 hours; the first hour peaks.
+    assert row.split() == ["mine", "17%", "42%", "-", "0", "0", "0", "2"]
+    assert text.splitlines()[-1].split() == ["mine", "10m", "/", "10m", "3.0h", "/", "3.0h"]
