@@ -58,6 +58,9 @@ TARGET_ADDED_RATIO = 0.5
 TARGET_THROUGHPUT_RATIO = 0.9
 
 PEERS = ("none", "gpuwarden", "kyverno")
+#: Both webhook configurations leave kube-system out (their namespaceSelectors): pods created
+#: there while a webhook is registered are the control runs, interleaved with the webhook's.
+CONTROL_NAMESPACE = "kube-system"
 #: What each run's pods must show before it is measured: the annotation both policies set.
 GOVERNED_ANNOTATION = "gpuwarden.io/profile"
 KYVERNO_NAMESPACE = "kyverno"
@@ -155,21 +158,45 @@ def format_runs(runs: Sequence[RunStats]) -> list[str]:
     return lines
 
 
+def control_name(peer: str) -> str:
+    """The name of the no-webhook control runs interleaved with ``peer``'s runs."""
+    return f"ctl-{peer}"
+
+
+def pooled(runs: Sequence[RunStats], peer: str | None = None) -> RunStats:
+    """Several runs of one peer and concurrency as one: all their latencies, their total time."""
+    if not runs:
+        raise ValueError("no runs to pool")
+    if len({r.clients for r in runs}) != 1:
+        raise ValueError("pooling runs of different concurrency")
+    return RunStats(
+        peer or runs[0].peer,
+        runs[0].clients,
+        sum(r.seconds for r in runs),
+        tuple(ms for r in runs for ms in r.latencies_ms),
+        sum(r.errors for r in runs),
+    )
+
+
 def comparisons(runs: Sequence[RunStats]) -> list[str]:
     """Added latency per webhook and concurrency, the gpuwarden/Kyverno ratios, the verdicts."""
     by_key = {(run.peer, run.clients): run for run in runs}
     clients = sorted({run.clients for run in runs})
-    lines = [f"{'added vs none':<14}{'clients':>8}{'p50 +ms':>9}{'p99 +ms':>9}{'pods/s ratio':>14}"]
+    lines = [
+        f"{'added vs control':<17}{'clients':>8}{'p50 +ms':>9}{'p99 +ms':>9}{'pods/s ratio':>14}"
+    ]
     added: dict[tuple[str, int], Added] = {}
     for peer in ("gpuwarden", "kyverno"):
         for n in clients:
-            run, base = by_key.get((peer, n)), by_key.get(("none", n))
+            # The control run interleaved with this webhook's runs, else the no-webhook run.
+            run = by_key.get((peer, n))
+            base = by_key.get((control_name(peer), n)) or by_key.get(("none", n))
             if run is None or base is None:
                 continue
             a = added_latency(run, base)
             added[(peer, n)] = a
             lines.append(
-                f"{peer:<14}{n:>8}{a.p50_ms:>9.2f}{a.p99_ms:>9.2f}{a.throughput_ratio:>13.2f}x"
+                f"{peer:<17}{n:>8}{a.p50_ms:>9.2f}{a.p99_ms:>9.2f}{a.throughput_ratio:>13.2f}x"
             )
     for n in clients:
         gw, ky = added.get(("gpuwarden", n)), added.get(("kyverno", n))
@@ -260,7 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--clients", type=parse_clients, default=(8, 32), help="e.g. 8,32")
     parser.add_argument("--duration", type=float, default=10.0, help="measured seconds per run")
-    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds per run")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per run")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=4,
+        help="a webhook's measured time is split into this many runs, each after a control run",
+    )
     parser.add_argument(
         "--processes", type=int, default=2, help="client processes the threads are spread over"
     )
@@ -276,11 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     if args.quick:
-        args.duration, args.warmup, args.cli_pods = 3.0, 1.0, 500
+        args.duration, args.warmup, args.rounds, args.cli_pods = 3.0, 0.5, 2, 500
     if args.no_kyverno:
         args.peers = tuple(p for p in args.peers if p != "kyverno")
     if args.duration <= 0 or args.warmup < 0:
         raise SystemExit("--duration must be > 0 and --warmup >= 0")
+    if args.rounds < 1:
+        raise SystemExit("--rounds must be >= 1")
     if args.processes < 1:
         raise SystemExit("--processes must be >= 1")
     if args.cli_pods < 2:
@@ -309,6 +344,14 @@ def namespace_manifests() -> list[Obj]:
         for doc in yaml.safe_load_all(NAMESPACES_FILE.read_text())
         if isinstance(doc, dict) and doc.get("kind") == "Namespace"
     ]
+
+
+def in_namespace(pods: Sequence[Obj], namespace: str) -> list[Obj]:
+    """Copies of ``pods`` in ``namespace``."""
+    out = copy.deepcopy(list(pods))
+    for pod in out:
+        pod["metadata"]["namespace"] = namespace
+    return out
 
 
 def numbered_pods(pods: Sequence[Obj], count: int) -> list[Obj]:
@@ -422,8 +465,8 @@ def measure(
     pool: Any,
 ) -> RunStats:
     """One closed-loop run of ``clients`` concurrent creators; only the measured window counts."""
-    # A second for every process to import the client and connect before the warm-up begins.
-    start = time.time() + 1.5
+    # Time for every pool process to receive its task and connect before the warm-up begins.
+    start = time.time() + 0.5
     window = Window(start=start, measure_from=start + warmup, until=start + warmup + duration)
     shares = split_clients(clients, processes)
     firsts = [sum(shares[:p]) for p in range(len(shares))]
@@ -822,37 +865,60 @@ def run(args: argparse.Namespace) -> int:
         ):
             prepare_cluster(plane, workdir / "cluster")
 
-            def measure_all(peer: str) -> None:
-                outputs[peer] = check_run(plane, peer, pods)
-                for clients in args.clients:
-                    stats = measure(
-                        peer,
-                        clients,
-                        kubeconfig=plane.kubeconfig_path,
-                        pods=pods,
-                        duration=args.duration,
-                        warmup=args.warmup,
-                        processes=args.processes,
-                        pool=pool,
-                    )
-                    print("  " + format_runs([stats])[1], flush=True)
-                    runs.append(stats)
+            control_pods = in_namespace(pods, CONTROL_NAMESPACE)
 
+            def one_run(peer: str, clients: int, duration: float, batch: list[Obj]) -> RunStats:
+                return measure(
+                    peer,
+                    clients,
+                    kubeconfig=plane.kubeconfig_path,
+                    pods=batch,
+                    duration=duration,
+                    warmup=args.warmup,
+                    processes=args.processes,
+                    pool=pool,
+                )
+
+            def measure_all(peer: str, began: float) -> None:
+                outputs[peer] = check_run(plane, peer, pods)
+                print(f"  ready after {time.monotonic() - began:.1f} s", flush=True)
+                if peer != "none":
+                    check_run(plane, "none", control_pods)
+                for clients in args.clients:
+                    if peer == "none":
+                        stats = [one_run(peer, clients, args.duration, pods)]
+                    else:
+                        # Control and webhook runs in turn, so both see the same machine.
+                        part = args.duration / args.rounds
+                        controls, hooked = [], []
+                        for _ in range(args.rounds):
+                            controls.append(one_run("ctl", clients, part, control_pods))
+                            hooked.append(one_run(peer, clients, part, pods))
+                        stats = [pooled(controls, control_name(peer)), pooled(hooked)]
+                    for run in stats:
+                        print("  " + format_runs([run])[1], flush=True)
+                    runs.extend(stats)
+
+            # The fresh API server's caches and the client processes' imports, unmeasured.
+            one_run("none", max(args.clients), 3.0, pods)
             for peer in args.peers:
                 print(f"{peer}:", flush=True)
+                began = time.monotonic()
                 if peer == "none":
-                    measure_all(peer)
+                    measure_all(peer, began)
                 elif peer == "gpuwarden":
                     with gpuwarden_webhooks(plane, workdir / "gpuwarden"):
-                        measure_all(peer)
+                        measure_all(peer, began)
                 elif kyverno is not None:
                     probe = next(p for p in pods if p["metadata"]["name"].startswith("alice-"))
                     with kyverno_webhooks(plane, kyverno, probe):
-                        measure_all(peer)
+                        measure_all(peer, began)
         print()
         print(
             f"through the API server: dryRun=All creations of the {len(pods)} example pods, "
-            f"{args.duration:g} s per run after {args.warmup:g} s warm-up, clients spread over "
+            f"{args.duration:g} s per peer and concurrency (a webhook's in {args.rounds} runs, "
+            f"each after a control run of the same pods in {CONTROL_NAMESPACE}, which no webhook "
+            f"serves: the ctl- rows), {args.warmup:g} s warm-up per run, clients spread over "
             f"{args.processes} processes"
         )
         for line in format_runs(runs) + comparisons(runs):

@@ -196,3 +196,28 @@ def test_numbered_pods_have_unique_valid_names() -> None:
     assert len(set(names)) == 50
     assert all(len(name) <= 63 for _, name in names)
     assert len(apiserver.example_pods()) == 7
+
+
+def test_pooled_runs_and_interleaved_controls() -> None:
+    parts = [_run("gpuwarden", 8, [1.0, 3.0], 1.0), _run("gpuwarden", 8, [2.0], 1.5)]
+    whole = apiserver.pooled(parts)
+    assert (whole.peer, whole.seconds, whole.count) == ("gpuwarden", 2.5, 3)
+    assert whole.p50 == 2.0
+    assert apiserver.pooled(parts, "ctl-gpuwarden").peer == "ctl-gpuwarden"
+    with pytest.raises(ValueError):
+        apiserver.pooled([_run("none", 8, [1.0]), _run("none", 32, [1.0])])
+    # A webhook is compared with its own control runs when there are any.
+    runs = [
+        _run("none", 8, [1.0] * 100),
+        _run(apiserver.control_name("gpuwarden"), 8, [2.0] * 50),
+        _run("gpuwarden", 8, [3.0] * 50),
+    ]
+    assert "gpuwarden keeps 1.00x" in "\n".join(apiserver.comparisons(runs))
+
+
+def test_control_pods_move_namespace_only() -> None:
+    pods = apiserver.example_pods()
+    moved = apiserver.in_namespace(pods, "kube-system")
+    assert {p["metadata"]["namespace"] for p in moved} == {"kube-system"}
+    assert [p["metadata"]["name"] for p in moved] == [p["metadata"]["name"] for p in pods]
+    assert {p["metadata"]["namespace"] for p in pods} != {"kube-system"}
