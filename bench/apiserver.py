@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +98,17 @@ class RunStats:
     seconds: float
     latencies_ms: tuple[float, ...]
     errors: int
+    #: CPU milliseconds each group of processes spent in the measured window.
+    cpu_ms: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return len(self.latencies_ms)
+
+    def cpu_per_pod(self, group: str) -> float:
+        if group not in self.cpu_ms or not self.count:
+            return math.nan
+        return self.cpu_ms[group] / self.count
 
     @property
     def rate(self) -> float:
@@ -158,6 +165,22 @@ def format_runs(runs: Sequence[RunStats]) -> list[str]:
     return lines
 
 
+CPU_GROUPS = ("kube-apiserver", "etcd", "webhook", "clients")
+
+
+def format_cpu(runs: Sequence[RunStats]) -> list[str]:
+    """CPU milliseconds per created pod, per group of processes (others' processes excluded)."""
+    lines = [f"{'CPU ms per pod':<16}{'clients':>8}" + "".join(f"{g:>15}" for g in CPU_GROUPS)]
+    for run in runs:
+        if not run.cpu_ms:
+            continue
+        cells = "".join(
+            f"{'-' if math.isnan(v := run.cpu_per_pod(g)) else f'{v:.2f}':>15}" for g in CPU_GROUPS
+        )
+        lines.append(f"{run.peer:<16}{run.clients:>8}{cells}")
+    return lines
+
+
 def control_name(peer: str) -> str:
     """The name of the no-webhook control runs interleaved with ``peer``'s runs."""
     return f"ctl-{peer}"
@@ -175,6 +198,7 @@ def pooled(runs: Sequence[RunStats], peer: str | None = None) -> RunStats:
         sum(r.seconds for r in runs),
         tuple(ms for r in runs for ms in r.latencies_ms),
         sum(r.errors for r in runs),
+        {g: sum(r.cpu_ms.get(g, 0.0) for r in runs) for g in {g for r in runs for g in r.cpu_ms}},
     )
 
 
@@ -446,6 +470,39 @@ def _client_process(
     return latencies, len(errors)
 
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User plus system CPU seconds of a live process (0 for one that has gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # The command name may hold spaces and parentheses; the fields follow the last ")".
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / _CLOCK_TICKS
+
+
+def pids_with(needle: str) -> list[int]:
+    """Processes whose command line contains ``needle``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if needle in cmdline:
+            out.append(int(entry.name))
+    return out
+
+
+def cpu_snapshot(groups: Mapping[str, Callable[[], Sequence[int]]]) -> dict[str, float]:
+    return {name: sum(process_cpu_seconds(pid) for pid in pids()) for name, pids in groups.items()}
+
+
 def split_clients(clients: int, processes: int) -> list[int]:
     """Threads per process, as even as possible, no process without a thread."""
     processes = max(1, min(processes, clients))
@@ -463,6 +520,7 @@ def measure(
     warmup: float,
     processes: int,
     pool: Any,
+    groups: Mapping[str, Callable[[], Sequence[int]]] | None = None,
 ) -> RunStats:
     """One closed-loop run of ``clients`` concurrent creators; only the measured window counts."""
     # Time for every pool process to receive its task and connect before the warm-up begins.
@@ -470,6 +528,16 @@ def measure(
     window = Window(start=start, measure_from=start + warmup, until=start + warmup + duration)
     shares = split_clients(clients, processes)
     firsts = [sum(shares[:p]) for p in range(len(shares))]
+    snapshots: list[dict[str, float]] = []
+
+    def watch() -> None:
+        # CPU of each group at the start and the end of the measured window.
+        for at in (window.measure_from, window.until):
+            time.sleep(max(0.0, at - time.time()))
+            snapshots.append(cpu_snapshot(groups or {}))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     results = pool.starmap(
         _client_process,
         [
@@ -477,9 +545,13 @@ def measure(
             for n, first in zip(shares, firsts, strict=True)
         ],
     )
+    watcher.join(timeout=5.0)
     latencies = tuple(ms for part, _ in results for ms in part)
     errors = sum(e for _, e in results)
-    return RunStats(peer, clients, duration, latencies, errors)
+    cpu: dict[str, float] = {}
+    if len(snapshots) == 2:
+        cpu = {g: (snapshots[1][g] - snapshots[0][g]) * 1000.0 for g in snapshots[0]}
+    return RunStats(peer, clients, duration, latencies, errors, cpu)
 
 
 # --- the cluster side --------------------------------------------------------------------------
@@ -605,7 +677,7 @@ def prepare_cluster(plane: ControlPlane, workdir: Path) -> None:
 
 
 @contextlib.contextmanager
-def gpuwarden_webhooks(plane: ControlPlane, workdir: Path) -> Iterator[None]:
+def gpuwarden_webhooks(plane: ControlPlane, workdir: Path) -> Iterator[list[int]]:
     """gpuwarden serve and the chart's webhook configurations, as the e2e suites set them up."""
     from tests.e2e.webhook import wait_until_governed, webhook_stack
 
@@ -623,7 +695,8 @@ def gpuwarden_webhooks(plane: ControlPlane, workdir: Path) -> Iterator[None]:
                 name = manifest["metadata"]["name"]
                 tenant = name if name in ("tenant-a", "tenant-b") else "kubeflow-profiles"
                 wait_until_governed(api, name, tenant, timeout=60.0)
-            yield
+            # The server's process: the only one with its certificate directory in its argv.
+            yield pids_with(f"--cert-dir={workdir / 'server' / 'certs'}")
     finally:
         api.close()  # type: ignore[no-untyped-call]
 
@@ -727,7 +800,9 @@ def _kyverno_webhooks_ready(plane: ControlPlane) -> bool:
 
 
 @contextlib.contextmanager
-def kyverno_webhooks(plane: ControlPlane, tools: KyvernoTools, probe_pod: Obj) -> Iterator[None]:
+def kyverno_webhooks(
+    plane: ControlPlane, tools: KyvernoTools, probe_pod: Obj
+) -> Iterator[list[int]]:
     """Kyverno's admission controller out of cluster, with bench/kyverno's ClusterPolicies."""
     crds = tools.module / "config" / "crds"
     plane.kubectl("apply", "--server-side", "-R", "-f", str(crds), timeout=120)
@@ -759,7 +834,7 @@ def kyverno_webhooks(plane: ControlPlane, tools: KyvernoTools, probe_pod: Obj) -
             wait_for("Kyverno's webhooks to mutate a pod", ready, timeout=240.0, poll=0.5)
         except RuntimeError as exc:
             raise SystemExit(f"{exc}\nkyverno log {process.log_path}:\n{process.tail()}") from None
-        yield
+        yield [process.popen.pid]
     finally:
         with contextlib.suppress(subprocess.SubprocessError):
             plane.kubectl(
@@ -867,10 +942,19 @@ def run(args: argparse.Namespace) -> int:
 
             control_pods = in_namespace(pods, CONTROL_NAMESPACE)
 
+            webhook_pids: list[int] = []
+            groups: dict[str, Callable[[], Sequence[int]]] = {
+                "kube-apiserver": lambda: pids_with(f"--cert-dir={plane.workdir}"),
+                "etcd": lambda: pids_with(f"--data-dir={plane.workdir}"),
+                "webhook": lambda: webhook_pids,
+                "clients": lambda: [p.pid for p in multiprocessing.active_children() if p.pid],
+            }
+
             def one_run(peer: str, clients: int, duration: float, batch: list[Obj]) -> RunStats:
                 return measure(
                     peer,
                     clients,
+                    groups=groups,
                     kubeconfig=plane.kubeconfig_path,
                     pods=batch,
                     duration=duration,
@@ -907,11 +991,13 @@ def run(args: argparse.Namespace) -> int:
                 if peer == "none":
                     measure_all(peer, began)
                 elif peer == "gpuwarden":
-                    with gpuwarden_webhooks(plane, workdir / "gpuwarden"):
+                    with gpuwarden_webhooks(plane, workdir / "gpuwarden") as pids:
+                        webhook_pids[:] = pids
                         measure_all(peer, began)
                 elif kyverno is not None:
                     probe = next(p for p in pods if p["metadata"]["name"].startswith("alice-"))
-                    with kyverno_webhooks(plane, kyverno, probe):
+                    with kyverno_webhooks(plane, kyverno, probe) as pids:
+                        webhook_pids[:] = pids
                         measure_all(peer, began)
         print()
         print(
@@ -922,6 +1008,12 @@ def run(args: argparse.Namespace) -> int:
             f"{args.processes} processes"
         )
         for line in format_runs(runs) + comparisons(runs):
+            print(line)
+        print(
+            "CPU per created pod, from /proc of this run's processes only (others' processes on "
+            "the machine excluded; the API server's time includes calling the webhooks):"
+        )
+        for line in format_cpu(runs):
             print(line)
         if args.keep:
             (workdir / "pods.json").write_text(json.dumps(outputs, indent=1, sort_keys=True))

@@ -221,3 +221,19 @@ def test_control_pods_move_namespace_only() -> None:
     assert {p["metadata"]["namespace"] for p in moved} == {"kube-system"}
     assert [p["metadata"]["name"] for p in moved] == [p["metadata"]["name"] for p in pods]
     assert {p["metadata"]["namespace"] for p in pods} != {"kube-system"}
+
+
+def test_cpu_accounting_reads_proc() -> None:
+    import os
+
+    assert apiserver.process_cpu_seconds(os.getpid()) > 0.0
+    assert apiserver.process_cpu_seconds(2**22 + 12345) == 0.0  # no such process
+    own = Path(f"/proc/{os.getpid()}/cmdline").read_bytes().split(b"\0")[0].decode()
+    assert os.getpid() in apiserver.pids_with(own)
+    run = apiserver.RunStats("gpuwarden", 8, 1.0, (1.0, 1.0), 0, {"webhook": 3.0, "clients": 1.0})
+    assert run.cpu_per_pod("webhook") == 1.5
+    assert math.isnan(run.cpu_per_pod("etcd"))
+    lines = apiserver.format_cpu([run, _run("none", 8, [1.0])])
+    assert len(lines) == 2
+    assert "1.50" in lines[1]
+    assert lines[1].split()[2] == "-"  # kube-apiserver not measured
