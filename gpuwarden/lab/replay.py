@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s_client
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
@@ -46,9 +47,10 @@ class Stopped(Exception):
 
 @dataclass
 class Progress:
-    """Simulated seconds replayed so far, per strategy (read by the progress bar)."""
+    """How far one strategy's replay is (read by the progress bar)."""
 
-    done: float = 0.0
+    started: bool = False  # its lab is up and the trace's clock runs
+    done: float = 0.0  # simulated seconds replayed
 
 
 def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
@@ -160,6 +162,7 @@ class Replay:
 
     def _replay(self, api: k8s_client.ApiClient) -> None:
         self._t0 = time.monotonic()
+        self.progress.started = True
         watcher = threading.Thread(target=self._watch, args=(api,), daemon=True)
         watcher.start()
         core: Any = k8s_client.CoreV1Api(api)
@@ -259,6 +262,7 @@ class Replay:
                     self._observe(str(event["type"]), event["object"])
                     if not self._watching or self.stop.is_set():
                         break
-            except (ApiException, OSError, ValueError):
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+                # The watch broke (or the API server is going away at the end): list again.
                 if self.stop.wait(0.2):
                     return

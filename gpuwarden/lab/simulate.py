@@ -33,7 +33,9 @@ class Plan:
         return self.horizon / self.real_seconds
 
 
-def progress_line(done: float, horizon: float, running: int) -> str:
+def progress_line(done: float, horizon: float, running: int, starting: int = 0) -> str:
+    if starting:
+        return f"\r[{'.' * _BAR_WIDTH}] starting {starting} labs (API server, scheduler, KWOK)"
     share = min(done / horizon, 1.0) if horizon > 0 else 1.0
     filled = round(share * _BAR_WIDTH)
     day, rest = divmod(done, 86400)
@@ -42,6 +44,12 @@ def progress_line(done: float, horizon: float, running: int) -> str:
         f"day {int(day) + 1} {int(rest // 3600):02d}:{int(rest % 3600 // 60):02d}  "
         f"{running} strategies replaying"
     )
+
+
+def layout_notes(strategy: Strategy, layout: Layout) -> list[str]:
+    if strategy.shares and layout.mps_nodes == 0:
+        return ["it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"]
+    return []
 
 
 def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[StrategyReport]:
@@ -68,7 +76,8 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
                 if bar is not None:
                     done = min(r.progress.done for r in replays)
                     running = sum(1 for f in futures if not f.done())
-                    bar.write(progress_line(done, plan.horizon, running))
+                    starting = sum(1 for r in replays if not r.progress.started)
+                    bar.write(progress_line(done, plan.horizon, running, starting))
                     bar.flush()
                 _, pending = wait(futures, timeout=_REFRESH, return_when=FIRST_EXCEPTION)
                 if pending and any(f.done() and f.exception() is not None for f in futures):
@@ -91,7 +100,7 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
             replay.records.values(),
             physical_gpus=plan.layout.physical_gpus,
             horizon=plan.horizon,
-            notes=replay.strategy.notes,
+            notes=(*replay.strategy.notes, *layout_notes(replay.strategy, plan.layout)),
         )
         for replay in replays
     ]

@@ -54,6 +54,7 @@ def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, "the labs' shutdown is quiet"
     reports = {s["strategy"]: s for s in json.loads(result.stdout)["strategies"]}
     free, governed = reports["no-governance"], reports["lab"]
     assert (free["preemptions"], free["neverPlaced"]) == (0, 1)
