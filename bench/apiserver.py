@@ -24,6 +24,7 @@ Kyverno is not built.
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import copy
 import json
@@ -57,10 +58,12 @@ DEFAULT_POLICIES = ROOT / "policies"
 TARGET_ADDED_RATIO = 0.5
 TARGET_THROUGHPUT_RATIO = 0.9
 
-PEERS = ("none", "gpuwarden", "kyverno")
+PEERS = ("none", "echo", "gpuwarden", "kyverno")
 #: Both webhook configurations leave kube-system out (their namespaceSelectors): pods created
 #: there while a webhook is registered are the control runs, interleaved with the webhook's.
 CONTROL_NAMESPACE = "kube-system"
+#: The peers whose policies change the pods (none and the echo webhook change nothing).
+MUTATING_PEERS = ("gpuwarden", "kyverno")
 #: What each run's pods must show before it is measured: the annotation both policies set.
 GOVERNED_ANNOTATION = "gpuwarden.io/profile"
 KYVERNO_NAMESPACE = "kyverno"
@@ -210,7 +213,7 @@ def comparisons(runs: Sequence[RunStats]) -> list[str]:
         f"{'added vs control':<17}{'clients':>8}{'p50 +ms':>9}{'p99 +ms':>9}{'pods/s ratio':>14}"
     ]
     added: dict[tuple[str, int], Added] = {}
-    for peer in ("gpuwarden", "kyverno"):
+    for peer in ("echo", "gpuwarden", "kyverno"):
         for n in clients:
             # The control run interleaved with this webhook's runs, else the no-webhook run.
             run = by_key.get((peer, n))
@@ -223,7 +226,13 @@ def comparisons(runs: Sequence[RunStats]) -> list[str]:
                 f"{peer:<17}{n:>8}{a.p50_ms:>9.2f}{a.p99_ms:>9.2f}{a.throughput_ratio:>13.2f}x"
             )
     for n in clients:
-        gw, ky = added.get(("gpuwarden", n)), added.get(("kyverno", n))
+        echo, gw, ky = (added.get((p, n)) for p in ("echo", "gpuwarden", "kyverno"))
+        if echo is not None:
+            lines.append(
+                f"{n} clients: a webhook that only answers allowed (echo) keeps "
+                f"{echo.throughput_ratio:.2f}x the no-webhook throughput and adds "
+                f"{echo.p50_ms:.2f} ms at p50: the floor of any webhook pair here"
+            )
         if gw is not None:
             lines.append(
                 f"{n} clients: gpuwarden keeps {gw.throughput_ratio:.2f}x the no-webhook "
@@ -321,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--processes", type=int, default=2, help="client processes the threads are spread over"
     )
-    parser.add_argument("--peers", type=parse_peers, default=PEERS, help="none,gpuwarden,kyverno")
+    parser.add_argument(
+        "--peers", type=parse_peers, default=PEERS, help="none,echo,gpuwarden,kyverno"
+    )
     parser.add_argument("--no-kyverno", action="store_true", help="leave Kyverno out")
     parser.add_argument("--cli-pods", type=int, default=2000, help="pods for the offline CLIs")
     parser.add_argument("--no-cli", action="store_true", help="skip the offline CLI comparison")
@@ -643,9 +654,9 @@ def check_run(plane: ControlPlane, peer: str, pods: Sequence[Obj]) -> dict[str, 
         created = dry_run_pod(plane, pod)
         out[str(pod["metadata"]["name"])] = comparable(created)
     count = sum(1 for c in out.values() if GOVERNED_ANNOTATION in c["annotations"])
-    if peer == "none" and count:
-        raise RuntimeError(f"{count} pods came back governed with no webhook registered")
-    if peer != "none" and count == 0:
+    if peer not in MUTATING_PEERS and count:
+        raise RuntimeError(f"{count} pods came back governed through {peer}, which decides nothing")
+    if peer in MUTATING_PEERS and count == 0:
         raise RuntimeError(f"no pod came back governed through {peer}")
     print(f"  {peer}: {count} of {len(pods)} example pods governed", flush=True)
     return out
@@ -674,6 +685,78 @@ def prepare_cluster(plane: ControlPlane, workdir: Path) -> None:
         ensure_priority_classes(api, [d for d in chart if d.get("kind") == "PriorityClass"])
     finally:
         api.close()  # type: ignore[no-untyped-call]
+
+
+def _webhook_calls(plane: ControlPlane, names: Sequence[str]) -> float:
+    """How many admission webhook calls the API server has made to webhooks of these names."""
+    text = plane.kubectl("get", "--raw", "/metrics").stdout
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("apiserver_admission_webhook_admission_duration_seconds_count{") and any(
+            f'name="{n}"' in line for n in names
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@contextlib.contextmanager
+def echo_webhooks(plane: ControlPlane, workdir: Path, probe_pod: Obj) -> Iterator[list[int]]:
+    """The floor of any webhook: bench/load.py's bare aiohttp handler (parse the review, answer
+    allowed, no patch) behind the chart's own webhook configurations (same rules, selectors,
+    timeouts), so the API server does all the calling a webhook costs it."""
+    from gpuwarden.certs.rotation import ServingNames, issue_directory
+    from tests.e2e.webhook import (
+        chart_values_for,
+        chart_webhook_configurations,
+        delete_webhook_configurations,
+        install_webhook_configurations,
+        render_chart,
+        webhook_names,
+    )
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    certs = issue_directory(workdir / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+    (port,) = free_ports(1)
+    process = plane.spawn(
+        "echo-webhook",
+        [
+            sys.executable,
+            str(ROOT / "bench" / "load.py"),
+            "--baseline-server",
+            str(port),
+            str(certs.tls_cert),
+            str(certs.tls_key),
+        ],
+    )
+    chart = render_chart(
+        plane.helm_path, values=chart_values_for((DEFAULT_POLICIES,)), workdir=workdir
+    )
+    configs = chart_webhook_configurations(
+        chart,
+        base_url=f"https://127.0.0.1:{port}",
+        ca_bundle_b64=base64.b64encode(certs.ca_cert.read_bytes()).decode(),
+    )
+    names = [
+        *webhook_names(configs, "MutatingWebhookConfiguration"),
+        *webhook_names(configs, "ValidatingWebhookConfiguration"),
+    ]
+    api = plane.api_client()
+    try:
+        install_webhook_configurations(api, configs)
+        before = _webhook_calls(plane, names)
+
+        def called() -> bool:
+            if process.popen.poll() is not None:
+                raise SystemExit(f"the echo webhook exited:\n{process.tail()}")
+            dry_run_pod(plane, probe_pod)
+            return _webhook_calls(plane, names) > before
+
+        wait_for("the API server to call the echo webhooks", called, timeout=60.0)
+        yield [process.popen.pid]
+    finally:
+        delete_webhook_configurations(api, configs)
+        api.close()  # type: ignore[no-untyped-call]
+        process.terminate(10.0)
 
 
 @contextlib.contextmanager
@@ -990,6 +1073,10 @@ def run(args: argparse.Namespace) -> int:
                 began = time.monotonic()
                 if peer == "none":
                     measure_all(peer, began)
+                elif peer == "echo":
+                    with echo_webhooks(plane, workdir / "echo", pods[0]) as pids:
+                        webhook_pids[:] = pids
+                        measure_all(peer, began)
                 elif peer == "gpuwarden":
                     with gpuwarden_webhooks(plane, workdir / "gpuwarden") as pids:
                         webhook_pids[:] = pids

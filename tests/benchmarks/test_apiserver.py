@@ -167,11 +167,11 @@ def test_differences_name_the_fields() -> None:
 def test_arguments() -> None:
     args = apiserver.parse_args([])
     assert args.clients == (8, 32)
-    assert args.peers == ("none", "gpuwarden", "kyverno")
+    assert args.peers == ("none", "echo", "gpuwarden", "kyverno")
     assert args.cli_pods == 2000
     quick = apiserver.parse_args(["--quick", "--no-kyverno", "--clients", "4,16"])
     assert (quick.duration, quick.cli_pods) == (3.0, 500)
-    assert quick.peers == ("none", "gpuwarden")
+    assert quick.peers == ("none", "echo", "gpuwarden")
     assert quick.clients == (4, 16)
     assert apiserver.parse_args(["--peers", "kyverno,none"]).peers == ("none", "kyverno")
     with pytest.raises(argparse.ArgumentTypeError):
