@@ -1,0 +1,57 @@
+"""The lab's simulated GPU nodes and KWOK stages, as objects (the lab suite runs them)."""
+
+from __future__ import annotations
+
+from gpuwarden.lab.nodes import GpuNodePool, Taint
+from gpuwarden.lab.stages import COMPLETE_AFTER, go_duration, lab_stages
+from gpuwarden.lab.workloads import WORKLOAD_KINDS, workload_pod
+from gpuwarden.policy.workloads import identify
+
+
+def test_an_mps_node_advertises_its_replicas_as_the_device_plugin_does() -> None:
+    pool = GpuNodePool("mps", count=2, gpus_per_node=8, mps_replicas=4, rename_shared=True)
+    node = pool.manifests()[1]
+    assert node["metadata"]["name"] == "mps-1"
+    assert node["status"]["allocatable"]["nvidia.com/gpu.shared"] == "32"
+    assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+    labels = node["metadata"]["labels"]
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.count"]) == ("4", "8")
+    assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
+    assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
+
+
+def test_a_whole_gpu_node_with_a_tenant_taint() -> None:
+    pool = GpuNodePool(
+        "team", 1, 4, labels={"pool": "team-a"}, taints=(Taint("dedicated", "team-a"),)
+    )
+    (node,) = pool.manifests()
+    assert node["status"]["capacity"]["nvidia.com/gpu"] == "4"
+    assert node["metadata"]["labels"]["nvidia.com/gpu.sharing-strategy"] == "none"
+    assert node["spec"]["taints"] == [
+        {"key": "dedicated", "value": "team-a", "effect": "NoSchedule"}
+    ]
+
+
+def test_pods_complete_after_their_duration_only_when_they_have_one() -> None:
+    complete = next(s for s in lab_stages() if s["metadata"]["name"] == "lab-pod-complete")
+    keys = [e["key"] for e in complete["spec"]["selector"]["matchExpressions"]]
+    assert f'.metadata.annotations["{COMPLETE_AFTER}"]' in keys
+    assert go_duration(1.25) == "1250ms"
+    timed = workload_pod(
+        "katib-trial", name="t", namespace="n", workload="hpo", gpus=1, runs_for=90
+    )
+    assert timed["metadata"]["annotations"][COMPLETE_AFTER] == "90000ms"
+    server = workload_pod("kserve-predictor", name="p", namespace="n", workload="chat", gpus=1)
+    assert COMPLETE_AFTER not in server["metadata"]["annotations"]
+
+
+def test_each_workload_kind_is_recognised_as_that_kind_by_the_policy_core() -> None:
+    for kind in WORKLOAD_KINDS:
+        pod = workload_pod(kind, name="x-1", namespace="n", workload="train", gpus=2)
+        found = identify(pod)
+        assert found is not None and found.kind == kind, kind
+        (container,) = pod["spec"]["containers"]
+        assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+        if found.container is not None:
+            assert container["name"] == found.container, kind
