@@ -30,7 +30,7 @@ from gpuwarden.lab.report import PodRecord
 from gpuwarden.lab.strategies import Layout, Strategy
 from gpuwarden.lab.trace import TraceRow
 from gpuwarden.lab.workloads import dns_label, workload_pod
-from gpuwarden.policy import AdmissionRequest, ClusterView, PriorityClassInfo, admit
+from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
 from gpuwarden.policy.mutate import admitted_gpu_memory
 from gpuwarden.policy.quantity import parse_quantity
@@ -106,6 +106,17 @@ class Replay:
         self._lock = threading.Lock()
         self._t0 = 0.0
         self._watching = True
+        # The PriorityClasses the policy implies, as `gpuwarden render` writes them (once).
+        self._classes = (
+            []
+            if strategy.policies is None
+            else [o for o in render(strategy.policies).objects if o["kind"] == "PriorityClass"]
+        )
+        self._class_infos = {
+            str(m["metadata"]["name"]): info
+            for m in self._classes
+            if (info := priority_class(m)) is not None
+        }
 
     def now(self) -> float:
         """Simulated seconds since the replay started."""
@@ -130,32 +141,22 @@ class Replay:
 
     # -- setup --------------------------------------------------------------------------------
 
-    def _priority_classes(self) -> list[dict[str, Any]]:
-        if self.strategy.policies is None:
-            return []
-        return [o for o in render(self.strategy.policies).objects if o["kind"] == "PriorityClass"]
-
     def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient) -> None:
         scheduling: Any = k8s_client.SchedulingV1Api(api)
-        for manifest in self._priority_classes():
+        for manifest in self._classes:
             scheduling.create_priority_class(manifest)
         for namespace, labels in self.namespaces.items():
             ensure_namespaces(api, [namespace], labels)
         lab.add_pools(api, self.layout.pools(self.strategy.shares))
 
     def _cluster_view(self) -> ClusterView:
-        classes: dict[str, PriorityClassInfo] = {}
-        for manifest in self._priority_classes():
-            info = priority_class(manifest)
-            if info is not None:
-                classes[manifest["metadata"]["name"]] = info
         labels = {
             ns: {**dict(values), NAMESPACE_NAME_LABEL: ns} for ns, values in self.namespaces.items()
         }
         with self._lock:
             memory = _tenant_memory(self._admitted)
         return ClusterView(
-            namespace_labels=labels, priority_classes=classes, tenant_gpu_memory=memory
+            namespace_labels=labels, priority_classes=self._class_infos, tenant_gpu_memory=memory
         )
 
     # -- the replay ---------------------------------------------------------------------------
