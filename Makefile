@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-## Build (or reuse from the cache) kube-apiserver, etcd, kubectl and helm for the e2e and chart suites.
+## Build (or reuse from the cache) kube-apiserver, etcd, kubectl, helm, kube-scheduler and kwok for the e2e, chart and lab suites.
 tools:
 	bash hack/build-tools.sh
 
