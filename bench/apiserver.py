@@ -1,9 +1,11 @@
 """Pod creation through a real kube-apiserver: no webhook, gpuwarden, and Kyverno (issue 13).
 
 One etcd + kube-apiserver on loopback (gpuwarden.lab.controlplane, the e2e suites' control plane)
-serves three runs in one go:
+serves four runs in one go:
 
 * **none**: no admission webhook is registered;
+* **echo**: bench/load.py's bare handler (answers allowed, no patch) behind the chart's webhook
+  configurations: what calling any mutating + validating pair costs the API server;
 * **gpuwarden**: ``gpuwarden serve`` with the chart's Mutating and Validating
   WebhookConfigurations, set up exactly as the e2e suites do it (tests/e2e/webhook.py);
 * **kyverno**: Kyverno's admission controller (hack/build-kyverno.sh), run out of cluster against
@@ -12,11 +14,14 @@ serves three runs in one go:
 
 In each run, concurrent clients (8 and 32 by default; threads spread over a few processes, each
 with its own keep-alive connection) create the seven example pods with ``dryRun=All`` through the
-``kubernetes`` Python client for a fixed time after a warm-up. Printed: pods/s, p50/p99 creation
-latency, the latency each webhook adds to the no-webhook run, and their ratios. Then the offline
-CLIs on the same 2,000 pods: ``gpuwarden apply`` against ``kyverno apply``.
+``kubernetes`` Python client for a fixed time after a warm-up. A webhook's time is split into
+several runs, each after a control run of the same pods in kube-system (which every webhook
+configuration leaves out), so that both see the same machine. Printed: pods/s, p50/p99 creation
+latency, the latency each webhook adds to its control, the ratios, and the CPU per created pod of
+the API server, etcd, the webhook and the clients (from /proc, this run's processes only). Then
+the offline CLIs on the same 2,000 pods: ``gpuwarden apply`` against ``kyverno apply``.
 
-Everything listens on 127.0.0.1. Run: ``python bench/apiserver.py`` (about 3 minutes; ``make
+Everything listens on 127.0.0.1. Run: ``python bench/apiserver.py`` (about 5 minutes; ``make
 bench-peers`` builds the tools first). ``--quick`` for a shorter run; ``--no-kyverno`` when
 Kyverno is not built.
 """
