@@ -58,6 +58,13 @@ def load_policies(paths: Sequence[str]) -> PolicySet | None:
         return None
 
 
+# libyaml's safe loader where PyYAML was built with it (the wheels are): the same documents as
+# yaml.SafeLoader, about eight times faster on a file of thousands of pods.
+SAFE_LOADER: type[yaml.SafeLoader] | type[yaml.CSafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
 def _read_text(source: str) -> str:
     if source == "-":
         return sys.stdin.read()
@@ -75,7 +82,7 @@ def read_documents(source: str) -> list[Any]:
     try:
         if text.lstrip().startswith(("{", "[")):
             return [json.loads(text)]
-        return [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        return [doc for doc in yaml.load_all(text, Loader=SAFE_LOADER) if doc is not None]
     except json.JSONDecodeError as exc:
         raise InputError(f"{source}: invalid JSON: line {exc.lineno}: {exc.msg}") from None
     except yaml.YAMLError as exc:
