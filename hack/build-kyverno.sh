@@ -23,28 +23,13 @@ shopt -s inherit_errexit
 
 KYVERNO_VERSION="${KYVERNO_VERSION:-v1.19.1}"
 
-cache="${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}"
-mkdir -p "$cache"
-cache="$(cd "$cache" && pwd -P)"
+LOG_NAME=build-kyverno
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 bindir="$cache/kyverno-$KYVERNO_VERSION"
 kyverno="$bindir/kyverno"
 kyverno_cli="$bindir/kubectl-kyverno"
-
-log() { printf 'build-kyverno: %s\n' "$*" >&2; }
-
-go_bin() {
-	if [[ -n "${GO:-}" ]]; then
-		echo "$GO"
-	elif command -v go >/dev/null 2>&1; then
-		command -v go
-	elif [[ -x /usr/local/go/bin/go ]]; then
-		echo /usr/local/go/bin/go
-	else
-		log "no Go toolchain found (need go on PATH or /usr/local/go/bin/go)"
-		exit 1
-	fi
-}
 
 # The module's source directory in Go's module cache (downloads it when missing).
 module_dir() {
@@ -60,15 +45,6 @@ write_env() {
 		echo "KYVERNO_MODULE=$src"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/kyverno.env"
-}
-
-timed() {
-	local name="$1"
-	shift
-	local start=$SECONDS
-	log "building $name ..."
-	"$@"
-	log "built $name in $((SECONDS - start))s"
 }
 
 # Throwaway module requiring Kyverno, with the replace directives of Kyverno's go.mod.
@@ -102,15 +78,7 @@ kyverno_module() {
 	echo "$dir"
 }
 
-# Build package $3 in build dir $1 into $2, atomically.
-go_build() {
-	local dir="$1" out="$2" pkg="$3"
-	mkdir -p "$(dirname "$out")"
-	(cd "$dir" && GOFLAGS="${GOFLAGS:-} -mod=mod" "$GO" build -trimpath \
-		-ldflags "-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion=$KYVERNO_VERSION" \
-		-o "$out.tmp" "$pkg")
-	mv -f "$out.tmp" "$out"
-}
+KYVERNO_LDFLAGS="-s -w -X github.com/kyverno/kyverno/pkg/version.BuildVersion=$KYVERNO_VERSION"
 
 main() {
 	exec 9>"$cache/.kyverno.lock"
@@ -138,11 +106,11 @@ main() {
 	}
 	dir="$(kyverno_module "$src")"
 	if [[ ! -x "$kyverno" ]]; then
-		timed "kyverno $KYVERNO_VERSION" go_build "$dir" "$kyverno" github.com/kyverno/kyverno/cmd/kyverno
+		timed "kyverno $KYVERNO_VERSION" go_build "$dir" "$kyverno" github.com/kyverno/kyverno/cmd/kyverno "$KYVERNO_LDFLAGS"
 	fi
 	if [[ ! -x "$kyverno_cli" ]]; then
 		timed "kubectl-kyverno $KYVERNO_VERSION" go_build "$dir" "$kyverno_cli" \
-			github.com/kyverno/kyverno/cmd/cli/kubectl-kyverno
+			github.com/kyverno/kyverno/cmd/cli/kubectl-kyverno "$KYVERNO_LDFLAGS"
 	fi
 	log "done in $((SECONDS - total))s"
 	write_env "$src"

@@ -32,9 +32,9 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 
-cache="${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}"
-mkdir -p "$cache"
-cache="$(cd "$cache" && pwd -P)"
+LOG_NAME=build-tools
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 kube_apiserver="$cache/kube-apiserver-$KUBERNETES_VERSION/kube-apiserver"
 kubectl="$cache/kubectl-$KUBERNETES_VERSION/kubectl"
@@ -42,22 +42,6 @@ etcd="$cache/etcd-$ETCD_VERSION/etcd"
 helm="$cache/helm-$HELM_VERSION/helm"
 kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
 kwok="$cache/kwok-$KWOK_VERSION/kwok"
-
-log() { printf 'build-tools: %s\n' "$*" >&2; }
-
-# The Go toolchain: $GO if set, else go on PATH, else /usr/local/go/bin/go.
-go_bin() {
-	if [[ -n "${GO:-}" ]]; then
-		echo "$GO"
-	elif command -v go >/dev/null 2>&1; then
-		command -v go
-	elif [[ -x /usr/local/go/bin/go ]]; then
-		echo /usr/local/go/bin/go
-	else
-		log "no Go toolchain found (need go on PATH or /usr/local/go/bin/go)"
-		exit 1
-	fi
-}
 
 write_env() {
 	local tmp="$cache/tools.env.tmp.$$"
@@ -70,25 +54,6 @@ write_env() {
 		echo "KWOK=$kwok"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
-}
-
-# Elapsed wall-clock time of the last build, printed after each tool.
-timed() {
-	local name="$1"
-	shift
-	local start=$SECONDS
-	log "building $name ..."
-	"$@"
-	log "built $name in $((SECONDS - start))s"
-}
-
-# Build package $3 of the module in build dir $1 into $2 (atomically: a
-# half-written binary never counts as present).
-go_build() {
-	local dir="$1" out="$2" pkg="$3" ldflags="$4"
-	mkdir -p "$(dirname "$out")"
-	(cd "$dir" && GOFLAGS="${GOFLAGS:-} -mod=mod" "$GO" build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$pkg")
-	mv -f "$out.tmp" "$out"
 }
 
 # Throwaway module that builds k8s.io/kubernetes commands.
