@@ -374,7 +374,9 @@ def test_kubectl_server_side_dry_run_shows_the_mutation(
     # Nothing was stored, and the webhook was told it was a dry run.
     assert not pod_exists(gpuwarden.api, kubeflow_ns, pod["metadata"]["name"])
     assert gpuwarden.server.requests_answered(endpoint="mutate") == before + 1
-    calls = gpuwarden.server.admissions(namespace=kubeflow_ns, pod=pod["metadata"]["name"])
+    calls = gpuwarden.server.awaited_admissions(
+        2, namespace=kubeflow_ns, pod=pod["metadata"]["name"]
+    )
     assert {(c["endpoint"], c["dry_run"]) for c in calls} == {("mutate", True), ("validate", True)}
 
 
@@ -576,7 +578,9 @@ def test_opt_out_pod_label_skips_mutation_but_not_validation(
     assert status == verdict.code
     assert 'admission webhook "validate.gpuwarden.io" denied the request' in text
     assert verdict.message in text
-    calls = gpuwarden.server.admissions(namespace=kubeflow_ns, pod=gpu["metadata"]["name"])
+    calls = gpuwarden.server.awaited_admissions(
+        1, namespace=kubeflow_ns, pod=gpu["metadata"]["name"]
+    )
     assert [c["endpoint"] for c in calls] == ["validate"]
 
     web = plain_pod(kubeflow_ns)

@@ -225,7 +225,8 @@ def test_mutated_exactly_once_and_our_second_call_is_an_empty_patch(
     # The labeller ran after us: it saw the pod already mutated.
     assert [pod_annotations(p).get("gpuwarden.io/profile") for p in labeller.seen] == ["batch-hpo"]
     # We were called twice; the second time (the reinvocation) we had nothing to change.
-    calls = gpuwarden.server.admissions(namespace=namespace, pod=name)
+    # Two mutations and the validation.
+    calls = gpuwarden.server.awaited_admissions(3, namespace=namespace, pod=name)
     assert [(c["endpoint"], c["patched"]) for c in calls if c["endpoint"] == "mutate"] == [
         ("mutate", True),
         ("mutate", False),
@@ -251,7 +252,7 @@ def test_reinvocation_restores_what_a_later_webhook_undid(
 
     assert created.pod["spec"]["schedulerName"] == "volcano"
     assert pod_annotations(created.pod)["gpuwarden.io/profile"] == "heavy-training"
-    calls = gpuwarden.server.admissions(namespace=namespace, pod=name)
+    calls = gpuwarden.server.awaited_admissions(3, namespace=namespace, pod=name)
     assert [c["patched"] for c in calls if c["endpoint"] == "mutate"] == [True, True]
     event = audit_log.pod_creation(namespace, name)
     assert _rounds(event) == [

@@ -293,6 +293,19 @@ class GpuwardenServer:
             and (pod is None or record.get("pod") == pod)
         ]
 
+    def awaited_admissions(
+        self, count: int, *, namespace: str | None = None, pod: str | None = None
+    ) -> list[Obj]:
+        """admissions(), once at least ``count`` lines are there: a review's line is flushed
+        just after its answer is sent, so a client holding the API server's reply can read the
+        log a moment before the line arrives."""
+
+        def enough() -> list[Obj] | None:
+            found = self.admissions(namespace=namespace, pod=pod)
+            return found if len(found) >= count else None
+
+        return wait_for(f"{count} admission log line(s) for {namespace}/{pod}", enough)
+
     def metrics(self) -> str:
         with urllib.request.urlopen(
             f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
