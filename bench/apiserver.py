@@ -767,26 +767,18 @@ def echo_webhooks(plane: ControlPlane, workdir: Path, probe_pod: Obj) -> Iterato
 @contextlib.contextmanager
 def gpuwarden_webhooks(plane: ControlPlane, workdir: Path) -> Iterator[list[int]]:
     """gpuwarden serve and the chart's webhook configurations, as the e2e suites set them up."""
-    from tests.e2e.webhook import wait_until_governed, webhook_stack
+    from tests.e2e.webhook import plane_webhook_stack, wait_until_governed
 
     workdir.mkdir(parents=True, exist_ok=True)
-    api = plane.api_client()
-    try:
-        with webhook_stack(
-            api,
-            kubeconfig=plane.kubeconfig_path,
-            helm=plane.helm_path,
-            workdir=workdir,
-            policies=(DEFAULT_POLICIES,),
-        ):
-            for manifest in namespace_manifests():
-                name = manifest["metadata"]["name"]
-                tenant = name if name in ("tenant-a", "tenant-b") else "kubeflow-profiles"
-                wait_until_governed(api, name, tenant, timeout=60.0)
-            # The server's process: the only one with its certificate directory in its argv.
-            yield pids_with(f"--cert-dir={workdir / 'server' / 'certs'}")
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
+    with plane_webhook_stack(
+        plane, helm=plane.helm_path, workdir=workdir, policies=(DEFAULT_POLICIES,)
+    ) as stack:
+        for manifest in namespace_manifests():
+            name = manifest["metadata"]["name"]
+            tenant = name if name in ("tenant-a", "tenant-b") else "kubeflow-profiles"
+            wait_until_governed(stack.api, name, tenant, timeout=60.0)
+        # The server's process: the only one with its certificate directory in its argv.
+        yield pids_with(f"--cert-dir={workdir / 'server' / 'certs'}")
 
 
 @dataclass(frozen=True)

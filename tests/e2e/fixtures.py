@@ -13,7 +13,7 @@ import yaml
 from kubernetes import client as k8s_client
 
 from .controlplane import ControlPlane, Tools, build_tools
-from .webhook import AUDIT_POLICY, POLICIES_DIR, AuditLog, WebhookStack, webhook_stack
+from .webhook import AUDIT_POLICY, POLICIES_DIR, AuditLog, WebhookStack, plane_webhook_stack
 
 
 @pytest.fixture(scope="session")
@@ -103,15 +103,10 @@ def gpuwarden(
 
     The PriorityClasses the policies imply are created first, as the chart does.
     """
-    api = control_plane.api_client()
-    try:
-        with webhook_stack(
-            api,
-            kubeconfig=control_plane.kubeconfig_path,
-            helm=e2e_tools.helm,
-            workdir=tmp_path_factory.mktemp("gpuwarden"),
-            policies=gpuwarden_policies,
-        ) as stack:
-            yield stack
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
+    with plane_webhook_stack(
+        control_plane,
+        helm=e2e_tools.helm,
+        workdir=tmp_path_factory.mktemp("gpuwarden"),
+        policies=gpuwarden_policies,
+    ) as stack:
+        yield stack

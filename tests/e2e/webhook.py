@@ -54,7 +54,7 @@ from gpuwarden.policy import (
 from gpuwarden.policy.loader import policy_files
 from gpuwarden.policy.quantity import parse_quantity
 
-from .controlplane import REPO_ROOT, _die_with_parent, free_ports
+from .controlplane import REPO_ROOT, ControlPlane, _die_with_parent, free_ports
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -966,3 +966,22 @@ def webhook_stack(
             yield stack
         finally:
             stack.uninstall()
+
+
+@contextlib.contextmanager
+def plane_webhook_stack(
+    plane: ControlPlane, *, helm: Path, workdir: Path, policies: Sequence[Path]
+) -> Iterator[WebhookStack]:
+    """webhook_stack on a control plane, with an API client of its own closed at the end."""
+    api = plane.api_client()
+    try:
+        with webhook_stack(
+            api,
+            kubeconfig=plane.kubeconfig_path,
+            helm=helm,
+            workdir=workdir,
+            policies=policies,
+        ) as stack:
+            yield stack
+    finally:
+        api.close()  # type: ignore[no-untyped-call]

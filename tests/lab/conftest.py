@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.webhook import KUBEFLOW_PROFILE_LABELS, WebhookStack, webhook_stack
+from e2e.webhook import KUBEFLOW_PROFILE_LABELS, WebhookStack, plane_webhook_stack
 from kubernetes import client as k8s_client
 
 from gpuwarden.lab.cluster import SchedulingLab, lab_control_plane, running_lab
@@ -44,18 +44,13 @@ def scheduling_lab(lab_plane: ControlPlane, e2e_tools: Tools) -> Iterator[Schedu
 def lab_gpuwarden(
     lab_plane: ControlPlane, e2e_tools: Tools, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[WebhookStack]:
-    api = lab_plane.api_client()
-    try:
-        with webhook_stack(
-            api,
-            kubeconfig=lab_plane.kubeconfig_path,
-            helm=e2e_tools.helm,
-            workdir=tmp_path_factory.mktemp("lab-gpuwarden"),
-            policies=(LAB_POLICIES,),
-        ) as stack:
-            yield stack
-    finally:
-        api.close()  # type: ignore[no-untyped-call]
+    with plane_webhook_stack(
+        lab_plane,
+        helm=e2e_tools.helm,
+        workdir=tmp_path_factory.mktemp("lab-gpuwarden"),
+        policies=(LAB_POLICIES,),
+    ) as stack:
+        yield stack
 
 
 @dataclass
