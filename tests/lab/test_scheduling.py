@@ -22,6 +22,7 @@ from gpuwarden.lab.nodes import GpuNodePool, Taint
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.node.pods import pod_info
 from gpuwarden.policy.render import render
+from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
 
 from .conftest import Lab
 
@@ -210,6 +211,9 @@ def test_rendered_resource_quota_stops_a_tenant_at_its_gpu_quota(lab: Lab) -> No
     ns = lab.tenant_namespace(name="lab-quota")
     hard = _write_rendered_quotas(lab, ns)
     assert hard["requests.nvidia.com/gpu"] == "2"
+    # Only keys the quota plugin charges GPU pods under: requests of a count resource (a
+    # limits.nvidia.com/gpu, as the seed writes it, is accepted but never charged).
+    assert set(hard) <= {f"requests.{name}" for name in GPU_COUNT_RESOURCES}, hard
 
     def enforced() -> bool:
         try:
