@@ -337,10 +337,10 @@ def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:
         recorded = max(int(gpus), 1)
     except (QuantityError, ValueError):
         return Decimal(0)
-    counts = {ref.name: ref for ref in containers(pod, "containers") if ref.name in names}
+    refs = {ref.name: ref for ref in containers(pod, "containers") if ref.name in names}
     total = 0
     for name in names or [""]:
-        ref = counts.get(name)
+        ref = refs.get(name)
         try:
             asked = ref.asked_gpus() if ref is not None else None
         except QuantityError:

@@ -33,7 +33,6 @@ class Grant:
     requests: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)  # sorted by key
     tolerations: tuple[Mapping[str, Any], ...] = ()  # as the pod spec writes them
-    tenant: Tenant | None = None
 
 
 def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
@@ -42,7 +41,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_TENANT] = tenant.name
     if profile.gpus == 0:
         out[keys.ANNOTATION_GPU_COUNT] = "0"
-        return _with_pod_fields(Grant(profile, None, out, tenant=tenant))
+        return _with_pod_fields(Grant(profile, None, out))
     plan = plan_for(profile, queue=tenant.queue if tenant is not None else None)
     out |= {
         keys.ANNOTATION_BACKEND: profile.backend.type,
@@ -57,7 +56,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         out[keys.ANNOTATION_OVERCOMMIT_RATIO] = f"{profile.overcommit_ratio:g}"
     if profile.thread_percentage is not None:
         out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
-    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations), tenant=tenant))
+    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations)))
 
 
 def _with_pod_fields(grant: Grant) -> Grant:
@@ -116,19 +115,20 @@ class PolicySet:
             tenants=tuple(tenants),
             default_profile=default_profile,
         )
-        grants = {
-            (tenant.name if tenant else None, name): _grant(
-                unresolved._resolve(name, tenant), tenant
-            )
-            for tenant in (None, *tenants)
-            for name in profiles
-        }
-        sized = {
-            (tenant_name, name, gpus): _grant(replace(grant.profile, gpus=gpus), grant.tenant)
-            for (tenant_name, name), grant in grants.items()
-            if grant.profile.gpus_set_by is None
-            for gpus in range(2, PRECOMPUTED_GPU_COUNTS + 1)
-        }
+        grants: dict[tuple[str | None, str], Grant] = {}
+        sized: dict[tuple[str | None, str, int], Grant] = {}
+        for tenant in (None, *tenants):
+            tenant_name = tenant.name if tenant else None
+            for name in profiles:
+                base = grants[(tenant_name, name)] = _grant(
+                    unresolved._resolve(name, tenant), tenant
+                )
+                if base.profile.gpus_set_by is not None:
+                    continue
+                for gpus in range(2, PRECOMPUTED_GPU_COUNTS + 1):
+                    sized[(tenant_name, name, gpus)] = _grant(
+                        replace(base.profile, gpus=gpus), tenant
+                    )
         return replace(unresolved, grants=grants, sized_grants=sized)
 
     @property
