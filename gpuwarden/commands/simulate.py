@@ -13,8 +13,17 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.commands._inputs import InputError, eprint, load_cluster
 from gpuwarden.lab import simulate
+from gpuwarden.lab.alibaba import (
+    NODE_HEADER,
+    is_alibaba_nodes,
+    is_alibaba_pods,
+    parse_alibaba_nodes,
+    parse_alibaba_pods,
+    parse_qos_mapping,
+)
 from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlaneError, Tools, ToolsMissingError
-from gpuwarden.lab.defaulttrace import default_namespaces, default_trace
+from gpuwarden.lab.defaulttrace import BUILTIN_TRACES, default_namespaces
+from gpuwarden.lab.nodes import GpuNodePool
 from gpuwarden.lab.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.report import table
 from gpuwarden.lab.strategies import Layout, Strategy, builtin_strategies, strategy_from_paths
@@ -30,8 +39,37 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--trace", metavar="FILE", help="YAML or CSV trace (default: the built-in week)"
+        "--trace",
+        metavar="FILE|builtin:NAME",
+        help="YAML or CSV trace, an Alibaba cluster-trace-gpu-v2023 pod list (by its header), "
+        f"or a built-in trace ({', '.join('builtin:' + n for n in BUILTIN_TRACES)}; "
+        "default builtin:week)",
     )
+    parser.add_argument(
+        "--node-list",
+        metavar="FILE",
+        help="the Alibaba trace's node list (openb_node_list_gpu_node.csv): the lab's GPU "
+        "nodes instead of --nodes x --gpus-per-node",
+    )
+    parser.add_argument(
+        "--qos",
+        action="append",
+        default=[],
+        metavar="QOS=NAMESPACE:KIND",
+        help="Alibaba traces: the tenant namespace and workload kind of a qos class "
+        "(default LS=serving:kserve-predictor, BE=batch:katib-trial, "
+        "Burstable=training:training-job, Guaranteed=training:training-job); repeatable",
+    )
+    parser.add_argument(
+        "--window",
+        metavar="START,END",
+        help="Alibaba traces: replay the pods created from START to END (trace time: seconds "
+        "or durations such as 2d, 3d12h)",
+    )
+    parser.add_argument(
+        "--sample", type=int, metavar="N", help="Alibaba traces: replay N of the GPU pods"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the --sample draw (default 0)")
     parser.add_argument("--trace-format", choices=("yaml", "csv"), help="default: by extension")
     parser.add_argument(
         "--namespaces",
@@ -81,23 +119,97 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _rows(args: argparse.Namespace, namespaces: dict[str, dict[str, str]]) -> list[TraceRow]:
-    if args.trace is None:
-        return default_trace()
+def _read(path: str) -> str:
     try:
-        text = Path(args.trace).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise InputError(f"{args.trace}: cannot read: {exc.strerror or exc}") from None
+        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError:
-        raise InputError(f"{args.trace}: not a text file") from None
-    return parse_trace(text, args.trace, namespaces, fmt=args.trace_format)
+        raise InputError(f"{path}: not a text file") from None
 
 
-def _namespaces(args: argparse.Namespace) -> dict[str, dict[str, str]]:
+def _window(text: str | None) -> tuple[float, float] | None:
+    if text is None:
+        return None
+    start, sep, end = text.partition(",")
+    try:
+        if not sep:
+            raise ValueError("write START,END")
+        return parse_seconds(start), parse_seconds(end)
+    except ValueError as exc:
+        raise InputError(f"--window {text!r}: {exc}") from None
+
+
+def _alibaba_only(args: argparse.Namespace) -> None:
+    given = [
+        flag
+        for flag, value in (
+            ("--qos", args.qos),
+            ("--window", args.window),
+            ("--sample", args.sample),
+        )
+        if value
+    ]
+    if given:
+        raise InputError(f"{', '.join(given)}: only for an Alibaba pod list (--trace FILE.csv)")
+
+
+def _trace(
+    args: argparse.Namespace,
+) -> tuple[list[TraceRow], dict[str, dict[str, str]]]:
+    """The rows to replay and their tenant namespaces."""
+    name = args.trace or "builtin:week"
+    if name.startswith("builtin:"):
+        _alibaba_only(args)
+        generate = BUILTIN_TRACES.get(name.removeprefix("builtin:"))
+        if generate is None:
+            known = ", ".join("builtin:" + n for n in BUILTIN_TRACES)
+            raise InputError(f"--trace {name}: no such built-in trace (have {known})")
+        return generate(), _namespaces(args, default_namespaces())
+    text = _read(name)
+    if is_alibaba_pods(text):
+        mapping = parse_qos_mapping(args.qos, "--qos")
+        if args.sample is not None and args.sample < 1:
+            raise InputError("--sample must be 1 or more")
+        rows = parse_alibaba_pods(
+            text,
+            name,
+            mapping,
+            window=_window(args.window),
+            sample=args.sample,
+            seed=args.seed,
+            gpu_memory_mib=None if args.node_list else Layout().gpu_memory_mib,
+        )
+        return rows, _namespaces(args, mapping.namespaces())
+    _alibaba_only(args)
+    namespaces = _namespaces(args, default_namespaces())
+    return parse_trace(text, name, namespaces, fmt=args.trace_format), namespaces
+
+
+def _namespaces(
+    args: argparse.Namespace, default: dict[str, dict[str, str]]
+) -> dict[str, dict[str, str]]:
     if not args.namespaces:
-        return default_namespaces()
+        return default
     view = load_cluster(args.namespaces)
     return {ns: dict(labels) for ns, labels in view.namespace_labels.items()}
+
+
+def _layout(args: argparse.Namespace) -> Layout:
+    if min(args.nodes, args.gpus_per_node, args.mps_replicas) < 1 or args.mps_nodes < 0:
+        raise InputError("--nodes, --gpus-per-node and --mps-replicas must be 1 or more")
+    pools: tuple[GpuNodePool, ...] = ()
+    if args.node_list:
+        text = _read(args.node_list)
+        if not is_alibaba_nodes(text):
+            raise InputError(
+                f"{args.node_list}: not an Alibaba node list (its header is not "
+                f"{','.join(NODE_HEADER)})"
+            )
+        pools = tuple(parse_alibaba_nodes(text, args.node_list))
+    return Layout(
+        args.nodes, args.gpus_per_node, args.mps_nodes, args.mps_replicas, node_pools=pools
+    )
 
 
 def _strategies(args: argparse.Namespace) -> list[Strategy]:
@@ -135,7 +247,11 @@ def _dump(rows: list[TraceRow], fmt: str) -> str:
                     "gpus": r.gpus,
                     "duration": r.duration,
                     "memory": f"{int(r.memory_used / 2**20)}Mi",
+                    "busy": r.busy,
                     **({"labels": dict(r.labels)} if r.labels else {}),
+                    **({"checkpoint": r.checkpoint} if r.checkpoint is not None else {}),
+                    **({"run": r.run} if r.run is not None else {}),
+                    **({"products": list(r.gpu_products)} if r.gpu_products else {}),
                 }
                 for r in rows
             ]
@@ -145,8 +261,7 @@ def _dump(rows: list[TraceRow], fmt: str) -> str:
 
 
 def _plan(args: argparse.Namespace) -> simulate.Plan | None:
-    namespaces = _namespaces(args)
-    rows = _rows(args, namespaces)
+    rows, namespaces = _trace(args)
     if args.dump_trace:
         sys.stdout.write(_dump(rows, args.dump_trace))
         return None
@@ -158,9 +273,7 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
         raise InputError(f"--horizon: {exc}") from None
     if horizon <= 0 or args.real_time <= 0:
         raise InputError("--horizon and --real-time must be above 0")
-    if min(args.nodes, args.gpus_per_node, args.mps_replicas) < 1 or args.mps_nodes < 0:
-        raise InputError("--nodes, --gpus-per-node and --mps-replicas must be 1 or more")
-    layout = Layout(args.nodes, args.gpus_per_node, args.mps_nodes, args.mps_replicas)
+    layout = _layout(args)
     return simulate.Plan(rows, _strategies(args), layout, namespaces, horizon, args.real_time)
 
 
@@ -188,11 +301,14 @@ def run(args: argparse.Namespace) -> int:
     except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
         eprint(f"error: the lab's API server failed a request: {exc}")
         return EXIT_FAILED
+    load = simulate.plan_load(plan)
     if args.output == "json":
         body = {
+            **load.as_json(),
             "scale": plan.scale,
             "layout": {
-                "nodes": plan.layout.nodes,
+                "nodes": plan.layout.node_count,
+                "physicalGpus": plan.layout.physical_gpus,
                 "gpusPerNode": plan.layout.gpus_per_node,
                 "mpsNodes": plan.layout.mps_nodes,
                 "mpsReplicas": plan.layout.mps_replicas,
@@ -201,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
         }
         sys.stdout.write(json.dumps(body, indent=2) + "\n")
     else:
-        sys.stdout.write(table(reports) + "\n")
+        sys.stdout.write(table(reports, load) + "\n")
     if args.plot:
         try:
             write_png(reports, Path(args.plot))

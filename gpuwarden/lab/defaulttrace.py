@@ -1,23 +1,33 @@
-"""The trace `gpuwarden simulate` replays when given none: a week of four tenants shaped like
+"""The traces `gpuwarden simulate` replays when given no file: weeks of four tenants shaped like
 the seed's tenant table (section 1.1 of the article), generated from a fixed seed so every run
 replays the same rows.
 
 =============  ==========================================================================
 data-team      Kubeflow Pipelines at night (runs start 22:00-03:00): a data-loading step
-               asking 2 GPUs, then a training step asking 2, 4 or 8 for 4-7 hours; can wait
-algo-team      weekdays 09:00-17:00: notebooks (1 GPU, little memory) and PyTorchJobs of
-               1-4 GPUs; interactive
-serving        KServe predictors of 1-2 GPUs all week, plus two daytime replicas; low latency
-batch          a Katib experiment every 2-6 hours, 4-16 trials of 1 GPU each; preemptible
+               asking 2 GPUs (busy 0.2), then, in the same run, a training step asking 2, 4
+               or 8 for 4-7 hours (checkpoint every hour); can wait
+algo-team      weekdays 09:00-17:00: notebooks (1 GPU, busy 0.1) and PyTorchJobs of 1-4
+               GPUs for 1-4 hours (checkpoint every 30 minutes); interactive
+serving        KServe predictors of 1-2 GPUs all week (busy 0.3), plus daytime replicas
+batch          a Katib experiment every few hours, trials of 1 GPU each for 1-3 hours
+               (no checkpoints); preemptible
 =============  ==========================================================================
+
+``builtin:week`` (:func:`default_trace`) asks about 40% of a 64-GPU cluster's week.
+``builtin:busy-week`` (:func:`busy_week`) is the same tenants on a saturated week: more
+pipeline runs, notebooks and jobs, weekend work, and an HPO sweep always queued, so demand
+stays at or above 1.5x the GPUs for long stretches and the week's work is about all the
+cluster could do.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 
-from gpuwarden.lab.trace import TraceRow
+from gpuwarden.lab.trace import DEFAULT_BUSY, TraceRow
 
 HOUR = 3600.0
 DAY = 24 * HOUR
@@ -31,106 +41,181 @@ def _gib(value: float) -> Decimal:
     return Decimal(round(value * 1024)) * Decimal(2**20)
 
 
-def default_trace() -> list[TraceRow]:
-    rng = random.Random(_SEED)
-    rows: list[tuple[float, str, str, str, int, float, Decimal]] = []
+@dataclass(frozen=True)
+class WeekShape:
+    """How much each tenant asks in a generated week."""
 
-    for day in range(7):
-        # data team: pipeline runs through the night.
-        for _ in range(10):
-            start = day * DAY + 22 * HOUR + rng.uniform(0, 5 * HOUR)
-            etl = rng.uniform(0.5, 1.0) * HOUR
-            rows.append(
-                (start, "data-team", "kfp-step", "data-loading", 2, etl, _gib(rng.uniform(4, 8)))
-            )
-            gpus = rng.choice((2, 4, 8, 8))
-            train = rng.uniform(4, 7) * HOUR
-            rows.append(
-                (
-                    start + etl,
-                    "data-team",
-                    "kfp-step",
-                    "train",
-                    gpus,
-                    train,
-                    _gib(rng.uniform(40, 70)),
-                )
-            )
-        # algorithm team: office hours on weekdays.
-        if day < 5:
-            for _ in range(12):
-                at = day * DAY + rng.uniform(9, 17) * HOUR
-                rows.append(
-                    (
-                        at,
-                        "algo-team",
-                        "notebook",
-                        "explore",
-                        1,
-                        rng.uniform(2, 6) * HOUR,
-                        _gib(rng.uniform(3, 10)),
-                    )
-                )
-            for _ in range(14):
-                at = day * DAY + rng.uniform(9, 17) * HOUR
-                gpus = rng.choice((1, 2, 2, 4))
-                rows.append(
-                    (
-                        at,
-                        "algo-team",
-                        "training-job",
-                        "experiment",
-                        gpus,
-                        rng.uniform(1, 4) * HOUR,
-                        _gib(rng.uniform(20, 60)),
-                    )
-                )
-        # serving: two more replicas during the day.
-        for replica in range(2):
-            at = day * DAY + 8 * HOUR + replica * 0.25 * HOUR
-            rows.append(
-                (at, "serving", "kserve-predictor", "chat", 1, 12 * HOUR, _gib(rng.uniform(10, 18)))
-            )
+    pipeline_runs: int  # per night
+    notebooks: int  # per working day
+    training_jobs: int  # per working day
+    weekend_jobs: int  # per weekend day
+    daytime_replicas: int  # extra predictors each day
+    hpo_gap: tuple[float, float]  # hours between Katib experiments
+    trials: tuple[int, int]
+    trial_hours: tuple[float, float]
+    job_hours: tuple[float, float]
 
-    # serving: always-on predictors.
-    for name, gpus in (("chat", 1), ("search", 1), ("vision", 2)):
+
+WEEK_SHAPE = WeekShape(10, 12, 14, 0, 2, (2, 6), (4, 16), (1, 3), (1, 4))
+BUSY_WEEK_SHAPE = WeekShape(22, 16, 32, 6, 4, (2.5, 4), (6, 12), (4, 8), (2, 8))
+
+
+def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
+    rng = random.Random(seed)
+    rows: list[dict[str, object]] = []
+
+    def add(
+        at: float,
+        namespace: str,
+        kind: str,
+        name: str,
+        gpus: int,
+        hours: float,
+        memory: float,
+        **extra: object,
+    ) -> None:
         rows.append(
-            (0.0, "serving", "kserve-predictor", name, gpus, WEEK, _gib(rng.uniform(10, 18)))
+            {
+                "at": at,
+                "namespace": namespace,
+                "kind": kind,
+                "name": name,
+                "gpus": gpus,
+                "duration": hours * HOUR,
+                "memory": _gib(memory),
+                **extra,
+            }
         )
 
-    # batch: an HPO or NAS experiment every 2-6 hours, all its trials at once.
+    runs = 0
+    for day in range(7):
+        # data team: pipeline runs through the night; training waits for its data.
+        for _ in range(shape.pipeline_runs):
+            runs += 1
+            start = day * DAY + 22 * HOUR + rng.uniform(0, 5 * HOUR)
+            etl = rng.uniform(0.5, 1.0)
+            run = f"nightly-{runs}"
+            add(
+                start,
+                "data-team",
+                "kfp-step",
+                "data-loading",
+                2,
+                etl,
+                rng.uniform(4, 8),
+                busy=0.2,
+                run=run,
+            )
+            gpus = rng.choice((2, 4, 8, 8))
+            add(
+                start + etl * HOUR,
+                "data-team",
+                "kfp-step",
+                "train",
+                gpus,
+                rng.uniform(4, 7),
+                rng.uniform(40, 70),
+                checkpoint=HOUR,
+                run=run,
+            )
+        weekday = day < 5
+        # algorithm team: office hours on weekdays, a few jobs at the weekend.
+        if weekday:
+            for _ in range(shape.notebooks):
+                add(
+                    day * DAY + rng.uniform(9, 17) * HOUR,
+                    "algo-team",
+                    "notebook",
+                    "explore",
+                    1,
+                    rng.uniform(2, 6),
+                    rng.uniform(3, 10),
+                    busy=0.1,
+                )
+        for _ in range(shape.training_jobs if weekday else shape.weekend_jobs):
+            add(
+                day * DAY + rng.uniform(9, 17) * HOUR,
+                "algo-team",
+                "training-job",
+                "experiment",
+                rng.choice((1, 2, 2, 4)),
+                rng.uniform(*shape.job_hours),
+                rng.uniform(20, 60),
+                checkpoint=0.5 * HOUR,
+            )
+        # serving: more replicas during the day.
+        for replica in range(shape.daytime_replicas):
+            add(
+                day * DAY + 8 * HOUR + replica * 0.25 * HOUR,
+                "serving",
+                "kserve-predictor",
+                "chat",
+                1,
+                12,
+                rng.uniform(10, 18),
+                busy=0.3,
+            )
+    # serving: always-on predictors.
+    for name, gpus in (("chat", 1), ("search", 1), ("vision", 2)):
+        add(
+            0.0,
+            "serving",
+            "kserve-predictor",
+            name,
+            gpus,
+            WEEK / HOUR,
+            rng.uniform(10, 18),
+            busy=0.3,
+        )
+    # batch: an HPO or NAS experiment every few hours, all its trials at once.
     at = rng.uniform(1, 6) * HOUR
     while at < WEEK - 6 * HOUR:
-        trials = rng.randint(4, 16)
         experiment = rng.choice(("hpo", "nas"))
-        for _ in range(trials):
-            rows.append(
-                (
-                    at,
-                    "batch",
-                    "katib-trial",
-                    experiment,
-                    1,
-                    rng.uniform(1, 3) * HOUR,
-                    _gib(rng.uniform(20, 50)),
-                )
+        for _ in range(rng.randint(*shape.trials)):
+            add(
+                at,
+                "batch",
+                "katib-trial",
+                experiment,
+                1,
+                rng.uniform(*shape.trial_hours),
+                rng.uniform(20, 50),
             )
-        at += rng.uniform(2, 6) * HOUR
+        at += rng.uniform(*shape.hpo_gap) * HOUR
 
-    rows.sort(key=lambda r: r[0])
+    rows.sort(key=lambda r: float(r["at"]))  # type: ignore[arg-type]
     return [
         TraceRow(
             row=index,
-            at=round(at, 1),
-            namespace=namespace,
-            kind=kind,
-            name=name,
-            gpus=gpus,
-            duration=round(duration, 1),
-            memory_used=memory,
+            at=round(float(r["at"]), 1),  # type: ignore[arg-type]
+            namespace=str(r["namespace"]),
+            kind=str(r["kind"]),
+            name=str(r["name"]),
+            gpus=int(r["gpus"]),  # type: ignore[call-overload]
+            duration=round(float(r["duration"]), 1),  # type: ignore[arg-type]
+            memory_used=r["memory"],  # type: ignore[arg-type]
+            busy=float(r.get("busy", DEFAULT_BUSY[str(r["kind"])])),  # type: ignore[arg-type]
+            checkpoint=r.get("checkpoint"),  # type: ignore[arg-type]
+            run=r.get("run"),  # type: ignore[arg-type]
         )
-        for index, (at, namespace, kind, name, gpus, duration, memory) in enumerate(rows, start=1)
+        for index, r in enumerate(rows, start=1)
     ]
+
+
+def default_trace() -> list[TraceRow]:
+    """``builtin:week``."""
+    return _generate(WEEK_SHAPE, _SEED)
+
+
+def busy_week() -> list[TraceRow]:
+    """``builtin:busy-week``."""
+    return _generate(BUSY_WEEK_SHAPE, _SEED)
+
+
+BUILTIN_TRACES: dict[str, Callable[[], list[TraceRow]]] = {
+    "week": default_trace,
+    "busy-week": busy_week,
+}
 
 
 #: What Kubeflow's profile controller puts on a profile namespace; every default tenant is one.

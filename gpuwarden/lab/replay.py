@@ -1,10 +1,12 @@
 """Replay a trace on a lab of its own, once per strategy, and record what happened to each pod.
 
 Per strategy: a control plane, kube-scheduler, KWOK and the layout's nodes; the policy's
-PriorityClasses; then each trace row becomes a pod at its arrival time (time divided by
-``scale``), decided by gpuwarden's policy core in this process (the decision the webhook would
-return, byte for byte) and created through the API server. A watch records when the scheduler
-bound each pod, when KWOK completed it and which pods the scheduler deleted to preempt them.
+PriorityClasses; then the :class:`~gpuwarden.lab.ledger.Ledger` says when each row's pod is
+created (time divided by ``scale``); gpuwarden's policy core decides it in this process (the
+decision the webhook would return, byte for byte) and it is created through the API server. A
+watch reports to the ledger when the scheduler bound each pod and which pods it deleted to
+preempt them; when the work model says a pod's work is done, the replay marks it so and KWOK
+turns it Succeeded, which frees its GPUs for the scheduler.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -25,11 +26,14 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.controlplane import Tools
+from gpuwarden.lab.ledger import Action, Complete, Create, Ledger, Withdraw
 from gpuwarden.lab.nodes import GPU_RESOURCE, SHARED_GPU_RESOURCE
-from gpuwarden.lab.report import PodRecord
+from gpuwarden.lab.report import PodRecord, RowOutcome
+from gpuwarden.lab.stages import WORK_DONE
 from gpuwarden.lab.strategies import Layout, Strategy
 from gpuwarden.lab.trace import TraceRow
-from gpuwarden.lab.workloads import dns_label, workload_pod
+from gpuwarden.lab.work import NodeGpus, WorkModel
+from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
 from gpuwarden.policy.mutate import admitted_gpu_memory
@@ -39,6 +43,7 @@ from gpuwarden.policy.render import render
 #: Every replayed pod carries its trace row here (the watch selects on it).
 ROW_LABEL = "lab.gpuwarden.io/trace-row"
 _WATCH_SECONDS = 30
+_HTTP_NOT_FOUND = 404
 
 
 class Stopped(Exception):
@@ -53,18 +58,25 @@ class Progress:
     done: float = 0.0  # simulated seconds replayed
 
 
-def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
-    """(physical GPUs, bytes of GPU memory) the pod's containers take while bound."""
-    gpus = 0.0
+def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(whole GPUs, MPS slices) the pod's containers ask for."""
+    whole = slices = 0
     for container in (pod.get("spec") or {}).get("containers") or []:
         limits = (container.get("resources") or {}).get("limits") or {}
         requests = (container.get("resources") or {}).get("requests") or {}
-        whole = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
+        count = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
         shared = limits.get(SHARED_GPU_RESOURCE, requests.get(SHARED_GPU_RESOURCE))
-        if whole is not None:
-            gpus += float(parse_quantity(whole))
+        if count is not None:
+            whole += int(parse_quantity(count))
         if shared is not None:
-            gpus += float(parse_quantity(shared)) / replicas
+            slices += int(parse_quantity(shared))
+    return whole, slices
+
+
+def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
+    """(physical GPUs, bytes of GPU memory) the pod's containers take while bound."""
+    whole, slices = pod_devices(pod)
+    gpus = whole + slices / replicas
     return gpus, gpus * gpu_memory
 
 
@@ -101,9 +113,19 @@ class Replay:
         self.scale = scale
         self.stop = stop
         self.progress = Progress()
-        self.records: dict[str, PodRecord] = {}
+        self.pools = layout.pools(strategy.shares)
+        self.model = WorkModel(
+            {
+                name: NodeGpus(pool.gpus_per_node, pool.mps_replicas)
+                for pool in self.pools
+                for name in pool.node_names
+            }
+        )
+        self.ledger = Ledger(rows, self.model, horizon)
+        self.outcomes: list[RowOutcome] = []
         self._admitted: list[tuple[PodRecord, str | None, Decimal]] = []
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
         self._t0 = 0.0
         self._watching = True
         # The PriorityClasses the policy implies, as `gpuwarden render` writes them (once).
@@ -117,6 +139,10 @@ class Replay:
             for m in self._classes
             if (info := priority_class(m)) is not None
         }
+
+    @property
+    def records(self) -> Mapping[str, PodRecord]:
+        return self.ledger.records
 
     def now(self) -> float:
         """Simulated seconds since the replay started."""
@@ -147,7 +173,7 @@ class Replay:
             scheduling.create_priority_class(manifest)
         for namespace, labels in self.namespaces.items():
             ensure_namespaces(api, [namespace], labels)
-        lab.add_pools(api, self.layout.pools(self.strategy.shares))
+        lab.add_pools(api, self.pools)
 
     def _cluster_view(self) -> ClusterView:
         labels = {
@@ -168,38 +194,67 @@ class Replay:
         watcher.start()
         core: Any = k8s_client.CoreV1Api(api)
         try:
-            for row in self.rows:
-                if row.at > self.horizon:
-                    break
-                self._wait_until(row.at)
-                self._submit(core, row)
-            self._wait_until(self.horizon)
+            while True:
+                with self._lock:
+                    now = min(self.now(), self.horizon)
+                    actions = self.ledger.due(now)
+                    if not actions and now >= self.horizon:
+                        self.outcomes = self.ledger.finish()
+                        break
+                for action in actions:
+                    self._act(core, action)
+                if not actions:
+                    self._wait()
         finally:
             self._watching = False
         self.progress.done = self.horizon
 
-    def _wait_until(self, simulated: float) -> None:
-        while True:
-            ahead = (simulated - self.now()) / self.scale
-            self.progress.done = min(self.now(), self.horizon)
-            if ahead <= 0:
-                return
-            # Pacing the replay (the trace's clock), in short steps so Ctrl-C stops it promptly.
-            if self.stop.wait(min(ahead, 0.25)):
-                raise Stopped
+    def _wait(self) -> None:
+        """Until the ledger's next due time, or a change the watch reports (a bind, a
+        preemption), in short steps so Ctrl-C stops the replay promptly."""
+        with self._lock:
+            now = self.now()
+            self.progress.done = min(now, self.horizon)
+            ahead = (self.ledger.next_time() - now) / self.scale
+            if ahead > 0:
+                self._changed.wait(min(ahead, 0.25))
+        if self.stop.is_set():
+            raise Stopped
 
-    def _submit(self, core: Any, row: TraceRow) -> None:
-        name = f"{dns_label(row.name, 30)}-{row.row}-{uuid.uuid4().hex[:4]}"
+    def _act(self, core: Any, action: Action) -> None:
+        if isinstance(action, Create):
+            self._submit(core, action)
+            return
+        try:
+            if isinstance(action, Complete):
+                # KWOK's lab-pod-work-done stage turns it Succeeded, as its kubelet would.
+                patch = {"metadata": {"annotations": {WORK_DONE: f"{self.now():.0f}"}}}
+                core.patch_namespaced_pod(action.name, action.namespace, patch)
+            elif isinstance(action, Withdraw):
+                core.delete_namespaced_pod(action.name, action.namespace)
+        except ApiException as exc:
+            if exc.status != _HTTP_NOT_FOUND:  # preempted meanwhile: nothing left to end
+                raise
+
+    def _submit(self, core: Any, action: Create) -> None:
+        row = action.row
         pod = workload_pod(
             row.kind,
-            name=name,
+            name=action.name,
             namespace=row.namespace,
             workload=row.name,
-            gpus=row.gpus,
+            gpus=row.devices,
             labels={**row.labels, ROW_LABEL: str(row.row)},
-            runs_for=row.duration / self.scale,
+            products=row.gpu_products,
         )
-        record = PodRecord(name=name, namespace=row.namespace, row=row.row, created=self.now())
+        record = PodRecord(
+            name=action.name,
+            namespace=row.namespace,
+            row=row.row,
+            created=self.now(),
+            asked=row.gpus,
+            attempt=action.attempt,
+        )
         tenant: str | None = None
         if self.strategy.policies is not None:
             policies = self.strategy.policies
@@ -208,12 +263,13 @@ class Replay:
             if not result.allowed:
                 record.refused = result.validation.message or result.mutation.message or "denied"
                 with self._lock:
-                    self.records[name] = record
+                    self.ledger.created(record)
                 return
             pod = dict(result.pod)
             found = policies.tenant_for(row.namespace, self.namespaces.get(row.namespace, {}))
             tenant = found.name if found is not None else None
         gpu_memory = float(self.layout.gpu_memory_mib * 2**20)
+        record.whole, record.slices = pod_devices(pod)
         record.gpus, record.memory_allocated = pod_allocation(
             pod, self.layout.mps_replicas, gpu_memory
         )
@@ -221,30 +277,32 @@ class Replay:
         used = float(row.memory_used) * math.ceil(record.gpus)
         record.memory_used = min(used, record.memory_allocated)
         with self._lock:
-            self.records[name] = record
+            # Known before it exists, so the watch can report its binding however soon.
             self._admitted.append((record, tenant, admitted_gpu_memory(pod)))
+            self.ledger.created(record)
         try:
             core.create_namespaced_pod(row.namespace, pod)
         except ApiException as exc:
-            record.refused = f"API server: {exc.status} {exc.reason}"
+            with self._lock:
+                self.ledger.refuse(action.name, f"API server: {exc.status} {exc.reason}")
 
     # -- what the cluster did -----------------------------------------------------------------
 
     def _observe(self, event_type: str, pod: Any) -> None:
-        now = self.now()
+        name = pod.metadata.name
         with self._lock:
-            record = self.records.get(pod.metadata.name)
-            if record is None:
+            now = min(self.now(), self.horizon)
+            if name not in self.ledger.records:
                 return
-            if record.bound is None and pod.spec.node_name:
-                record.bound = now
-            phase = pod.status.phase if pod.status else None
-            if record.ended is None and phase in ("Succeeded", "Failed"):
-                record.ended = now
-            if event_type == "DELETED" and record.ended is None:
-                # Only the scheduler deletes pods here: a preemption victim.
-                record.ended = now
-                record.preempted = True
+            conditions = (pod.status.conditions if pod.status else None) or []
+            if any(c.type == "PodScheduled" and c.status == "False" for c in conditions):
+                self.ledger.unschedulable(name)
+            if pod.spec.node_name:
+                self.ledger.bound(name, now, pod.spec.node_name)
+            if event_type == "DELETED":
+                # Only the scheduler deletes pods the ledger has not ended: a preemption.
+                self.ledger.gone(name, now)
+            self._changed.notify_all()
 
     def _watch(self, api: k8s_client.ApiClient) -> None:
         core: Any = k8s_client.CoreV1Api(api)

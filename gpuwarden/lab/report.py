@@ -19,12 +19,16 @@ from typing import Any
 
 @dataclass
 class PodRecord:
-    """One replayed pod; times are simulated seconds from the start (None: did not happen)."""
+    """One replayed pod (one attempt of a row); times are simulated seconds from the start
+    (None: did not happen)."""
 
     name: str
     namespace: str
     row: int
     created: float
+    asked: float = 0.0  # GPUs the row asks for
+    whole: int = 0  # whole GPUs the decided pod asks for
+    slices: int = 0  # MPS slices it asks for
     gpus: float = 0.0  # physical GPUs held while bound
     memory_allocated: float = 0.0  # bytes set aside while bound
     memory_used: float = 0.0  # bytes the trace says it uses while running
@@ -32,6 +36,82 @@ class PodRecord:
     ended: float | None = None
     preempted: bool = False
     refused: str | None = None
+    first_try: bool = True  # bound without the scheduler ever calling it unschedulable
+    attempt: int = 1
+
+
+@dataclass
+class RowOutcome:
+    """What became of one trace row over all its pods (seconds are simulated)."""
+
+    row: int
+    namespace: str
+    kind: str
+    offered: float  # GPU-seconds of work (batch) or of service (services) the row asks
+    asked: float = 0.0  # GPUs asked
+    batch: bool = True
+    progress: float = 0.0  # full-speed seconds done and kept (services: served)
+    lost_seconds: float = 0.0  # full-speed seconds lost to preemptions
+    completed: bool = False
+    refused: bool = False
+    preemptions: int = 0
+    service_seconds: float = 0.0  # services: seconds on GPUs
+    degraded_seconds: float = 0.0  # services: of those, on an oversubscribed GPU
+
+    @property
+    def delivered(self) -> float:
+        """GPU-seconds of full-speed work (or service) delivered."""
+        return self.asked * self.progress
+
+    @property
+    def lost(self) -> float:
+        return self.asked * self.lost_seconds
+
+
+@dataclass(frozen=True)
+class TraceLoad:
+    """What a trace asks of a cluster, before any scheduling."""
+
+    offered_gpu_hours: float
+    capacity_gpu_hours: float
+    peak_gpus: float  # most GPUs asked at once, every row running from its arrival
+    physical_gpus: int
+
+    @property
+    def offered_load(self) -> float:
+        return self.offered_gpu_hours / self.capacity_gpu_hours if self.capacity_gpu_hours else 0.0
+
+    @property
+    def peak_demand(self) -> float:
+        return self.peak_gpus / self.physical_gpus if self.physical_gpus else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "offeredGpuHours": self.offered_gpu_hours,
+            "capacityGpuHours": self.capacity_gpu_hours,
+            "offeredLoad": self.offered_load,
+            "peakDemand": self.peak_demand,
+            "peakGpusAsked": self.peak_gpus,
+        }
+
+
+def trace_load(
+    spans: Iterable[tuple[float, float, float]], *, physical_gpus: int, horizon: float
+) -> TraceLoad:
+    """From (arrival, duration, GPUs) of each row: the work offered within the horizon and the
+    peak demand if every row ran from its arrival."""
+    events: list[tuple[float, float]] = []
+    offered = 0.0
+    for at, duration, gpus in spans:
+        if at >= horizon:
+            continue
+        offered += gpus * duration
+        events += [(at, gpus), (at + duration, -gpus)]
+    level = peak = 0.0
+    for _, change in sorted(events, key=lambda e: (e[0], e[1])):
+        level += change
+        peak = max(peak, level)
+    return TraceLoad(offered / 3600, physical_gpus * horizon / 3600, peak, physical_gpus)
 
 
 @dataclass(frozen=True)
@@ -42,8 +122,20 @@ class StrategyReport:
     bucket: float
     allocation: tuple[float, ...]  # share of GPUs allocated, per bucket
     average_allocation: float
+    busy: tuple[float, ...]  # share of GPUs busy, per bucket
+    gpu_busy_average: float
+    pending: tuple[float, ...]  # GPUs asked by pods waiting to be placed, per bucket
     memory_used_share: float | None
     waits: Mapping[str, Mapping[str, float | int | None]]
+    wait_resolution: float | None
+    offered_gpu_hours: float
+    delivered_gpu_hours: float
+    lost_gpu_hours: float
+    jobs_completed: int
+    jobs: int
+    degraded_service_share: float | None
+    tenants: Mapping[str, Mapping[str, float]]
+    kinds: Mapping[str, Mapping[str, float]]
     preemptions: int
     never_placed: int
     refused: int
@@ -57,14 +149,26 @@ class StrategyReport:
             "physicalGpus": self.physical_gpus,
             "horizonSeconds": self.horizon,
             "bucketSeconds": self.bucket,
-            "allocation": list(self.allocation),
+            "offeredGpuHours": self.offered_gpu_hours,
+            "deliveredGpuHours": self.delivered_gpu_hours,
+            "jobsCompleted": self.jobs_completed,
+            "jobs": self.jobs,
+            "gpuBusyAverage": self.gpu_busy_average,
             "averageAllocation": self.average_allocation,
+            "busy": list(self.busy),
+            "allocation": list(self.allocation),
+            "pendingGpus": list(self.pending),
             "memoryUsedShare": self.memory_used_share,
             "waitSeconds": {ns: dict(values) for ns, values in self.waits.items()},
+            "waitResolutionSeconds": self.wait_resolution,
             "preemptions": self.preemptions,
+            "lostGpuHours": self.lost_gpu_hours,
+            "degradedServiceShare": self.degraded_service_share,
             "neverPlaced": self.never_placed,
             "refused": self.refused,
             "refusals": list(self.refusals),
+            "tenants": {ns: dict(values) for ns, values in self.tenants.items()},
+            "kinds": {kind: dict(values) for kind, values in self.kinds.items()},
             "pods": self.pods,
             "notes": list(self.notes),
         }
@@ -79,65 +183,112 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
     return ordered[rank - 1]
 
 
-def _held(record: PodRecord, horizon: float) -> tuple[float, float] | None:
-    if record.bound is None or record.bound >= horizon:
-        return None
-    end = min(record.ended if record.ended is not None else horizon, horizon)
-    return (record.bound, end) if end > record.bound else None
+def _wait(record: PodRecord, horizon: float) -> float:
+    """Creation to binding; a pod never placed waited until it went away or the horizon."""
+    if record.bound is not None:
+        return record.bound - record.created
+    return min(record.ended if record.ended is not None else horizon, horizon) - record.created
+
+
+def step_average(
+    steps: Sequence[tuple[float, float]], horizon: float, bucket: float
+) -> tuple[float, ...]:
+    """Time average per bucket of the step function (from each time on, this value)."""
+    buckets = max(1, math.ceil(horizon / bucket))
+    sums = [0.0] * buckets
+    for index, (at, value) in enumerate(steps):
+        start = min(max(at, 0.0), horizon)
+        end = min(steps[index + 1][0] if index + 1 < len(steps) else horizon, horizon)
+        while start < end:
+            slot = min(int(start // bucket), buckets - 1)
+            stop = min(end, (slot + 1) * bucket)
+            sums[slot] += value * (stop - start)
+            start = stop
+    return tuple(total / min(bucket, horizon - i * bucket) for i, total in enumerate(sums))
+
+
+def _hours(seconds: float) -> float:
+    return seconds / 3600
+
+
+def _by(outcomes: Sequence[RowOutcome], key: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for o in outcomes:
+        entry = out.setdefault(getattr(o, key), {"offeredGpuHours": 0.0, "deliveredGpuHours": 0.0})
+        entry["offeredGpuHours"] += _hours(o.offered)
+        entry["deliveredGpuHours"] += _hours(o.delivered)
+    return dict(sorted(out.items()))
 
 
 def summarize(
     strategy: str,
     records: Iterable[PodRecord],
+    outcomes: Iterable[RowOutcome],
     *,
     physical_gpus: int,
     horizon: float,
+    allocated: Sequence[tuple[float, float]],
+    busy: Sequence[tuple[float, float]],
+    pending: Sequence[tuple[float, float]] = ((0.0, 0.0),),
     bucket: float = 3600.0,
     notes: Sequence[str] = (),
 ) -> StrategyReport:
+    """A strategy's figures from its pods, its rows' outcomes and the step functions of GPUs
+    allocated, GPUs busy and GPUs pending (simulated seconds)."""
     pods = list(records)
-    buckets = max(1, math.ceil(horizon / bucket))
-    held_gpu_seconds = [0.0] * buckets
-    gpu_seconds = allocated_bytes = used_bytes = 0.0
-    for record in pods:
-        span = _held(record, horizon)
-        if span is None:
-            continue
-        start, end = span
-        gpu_seconds += record.gpus * (end - start)
-        allocated_bytes += record.memory_allocated * (end - start)
-        used_bytes += min(record.memory_used, record.memory_allocated) * (end - start)
-        first, last = int(start // bucket), min(int(end // bucket), buckets - 1)
-        for index in range(first, last + 1):
-            overlap = min(end, (index + 1) * bucket) - max(start, index * bucket)
-            if overlap > 0:
-                held_gpu_seconds[index] += record.gpus * overlap
+    rows = list(outcomes)
     capacity = max(physical_gpus, 1)
-    allocation = tuple(
-        held / (capacity * min(bucket, horizon - i * bucket))
-        for i, held in enumerate(held_gpu_seconds)
-    )
+    allocation = tuple(a / capacity for a in step_average(allocated, horizon, bucket))
+    busy_share = tuple(b / capacity for b in step_average(busy, horizon, bucket))
+    whole = max(horizon, 1e-9)
+    average_allocation = step_average(allocated, horizon, whole)[0] / capacity
+    gpu_busy_average = step_average(busy, horizon, whole)[0] / capacity
+    allocated_bytes = used_bytes = 0.0
+    for record in pods:
+        if record.bound is None or record.bound >= horizon:
+            continue
+        span = min(record.ended if record.ended is not None else horizon, horizon) - record.bound
+        allocated_bytes += record.memory_allocated * span
+        used_bytes += min(record.memory_used, record.memory_allocated) * span
     waits: dict[str, dict[str, float | int | None]] = {}
     for namespace in sorted({r.namespace for r in pods}):
-        placed = [
-            r.bound - r.created for r in pods if r.namespace == namespace and r.bound is not None
-        ]
+        mine = [r for r in pods if r.namespace == namespace and r.refused is None]
+        waited = [_wait(r, horizon) for r in mine]
         waits[namespace] = {
-            "placed": len(placed),
-            "p50": percentile(placed, 0.5),
-            "p95": percentile(placed, 0.95),
-            "preempted": sum(1 for r in pods if r.namespace == namespace and r.preempted),
+            "placed": sum(1 for r in mine if r.bound is not None),
+            "p50": percentile(waited, 0.5),
+            "p95": percentile(waited, 0.95),
+            "p99": percentile(waited, 0.99),
+            "preempted": sum(1 for r in mine if r.preempted),
         }
+    first = [r.bound - r.created for r in pods if r.bound is not None and r.first_try]
+    services = [o for o in rows if not o.batch]
+    served = sum(o.service_seconds for o in services)
     refusals = sorted({r.refused for r in pods if r.refused})
+    batch = [o for o in rows if o.batch]
     return StrategyReport(
         strategy=strategy,
         physical_gpus=physical_gpus,
         horizon=horizon,
         bucket=bucket,
         allocation=allocation,
-        average_allocation=gpu_seconds / (capacity * horizon) if horizon > 0 else 0.0,
+        average_allocation=average_allocation,
+        busy=busy_share,
+        gpu_busy_average=gpu_busy_average,
+        pending=step_average(pending, horizon, bucket),
         memory_used_share=used_bytes / allocated_bytes if allocated_bytes else None,
         waits=waits,
+        wait_resolution=percentile(first, 0.95),
+        offered_gpu_hours=_hours(sum(o.offered for o in rows)),
+        delivered_gpu_hours=_hours(sum(o.delivered for o in rows)),
+        lost_gpu_hours=_hours(sum(o.lost for o in rows)),
+        jobs_completed=sum(1 for o in batch if o.completed),
+        jobs=len(batch),
+        degraded_service_share=(
+            sum(o.degraded_seconds for o in services) / served if served else None
+        ),
+        tenants=_by(rows, "namespace"),
+        kinds=_by(rows, "kind"),
         preemptions=sum(1 for r in pods if r.preempted),
         never_placed=sum(1 for r in pods if r.bound is None and r.refused is None),
         refused=sum(1 for r in pods if r.refused is not None),
@@ -159,29 +310,66 @@ def _duration(seconds: float | int | None) -> str:
 _NOTE_LIMIT = 200
 
 
-def table(reports: Sequence[StrategyReport]) -> str:
-    """The terminal table: one line per strategy, then waits per tenant."""
-    lines = [
-        f"{'strategy':<18} {'GPU alloc avg':>13} {'peak':>5} {'mem used':>9} "
-        f"{'preempted':>9} {'never placed':>12} {'refused':>7} {'pods':>5}"
-    ]
+def load_line(load: TraceLoad) -> str:
+    return (
+        f"trace: {load.offered_gpu_hours:,.0f} GPU-hours offered = {load.offered_load:.0%} of "
+        f"{load.physical_gpus} GPUs' {load.capacity_gpu_hours:,.0f}; peak demand "
+        f"{load.peak_demand:.2f}x the GPUs ({load.peak_gpus:g} asked at once)"
+    )
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> str:
+    """The terminal table: the trace's load, a line per strategy, then tenants' waits and
+    delivered work."""
+    lines = [load_line(load), ""] if load is not None else []
+    lines.append(
+        f"{'strategy':<18} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
+        f"{'alloc':>5} {'peak':>5} {'mem used':>8} {'preempted':>9} {'lost GPU-h':>10} "
+        f"{'degraded':>8} {'never placed':>12} {'refused':>7}"
+    )
     for r in reports:
-        memory = "-" if r.memory_used_share is None else f"{r.memory_used_share:.0%}"
         peak = max(r.allocation, default=0.0)
+        delivered = r.delivered_gpu_hours / r.offered_gpu_hours if r.offered_gpu_hours else 0.0
         lines.append(
-            f"{r.strategy:<18} {r.average_allocation:>13.0%} {peak:>5.0%} {memory:>9} "
-            f"{r.preemptions:>9} {r.never_placed:>12} {r.refused:>7} {r.pods:>5}"
+            f"{r.strategy:<18} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
+            f"{f'{r.jobs_completed}/{r.jobs}':>10} {r.gpu_busy_average:>8.0%} "
+            f"{r.average_allocation:>5.0%} {peak:>5.0%} {_share(r.memory_used_share):>8} "
+            f"{r.preemptions:>9} {r.lost_gpu_hours:>10,.0f} "
+            f"{_share(r.degraded_service_share):>8} {r.never_placed:>12} {r.refused:>7}"
         )
-    namespaces = sorted({ns for r in reports for ns in r.waits})
+    namespaces = sorted({ns for r in reports for ns in (*r.waits, *r.tenants)})
     lines.append("")
-    lines.append("wait from creation to binding, p50 / p95 (simulated time):")
-    lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>15}" for ns in namespaces))
+    lines.append("wait from creation to binding, p50 / p95 / p99 (simulated time; never placed:")
+    lines.append("until it went away or the horizon):")
+    lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces))
     for r in reports:
         cells = []
         for ns in namespaces:
             w = r.waits.get(ns, {})
-            cells.append(f"{_duration(w.get('p50')) + ' / ' + _duration(w.get('p95')):>15}")
+            text = " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
+            cells.append(f"{text:>20}")
         lines.append(f"{r.strategy:<18} " + " ".join(cells))
+    lines.append("")
+    lines.append("GPU work delivered per tenant, GPU-hours (share of what it asked):")
+    lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces))
+    for r in reports:
+        cells = []
+        for ns in namespaces:
+            t = r.tenants.get(ns, {})
+            offered, delivered = t.get("offeredGpuHours", 0.0), t.get("deliveredGpuHours", 0.0)
+            share = f" ({delivered / offered:.0%})" if offered else ""
+            cells.append(f"{f'{delivered:,.0f}{share}':>20}")
+        lines.append(f"{r.strategy:<18} " + " ".join(cells))
+    lines.append("")
+    for r in reports:
+        lines.append(
+            f"note: {r.strategy}: waits are resolved to about "
+            f"{_duration(r.wait_resolution)} in this run (p95 of pods bound at their first try)"
+        )
     for r in reports:
         for note in (*r.notes, *(f"refused: {text}" for text in r.refusals[:3])):
             short = note if len(note) <= _NOTE_LIMIT else note[: _NOTE_LIMIT - 3] + "..."

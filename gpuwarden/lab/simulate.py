@@ -11,7 +11,7 @@ from typing import TextIO
 
 from gpuwarden.lab.controlplane import Tools
 from gpuwarden.lab.replay import Replay, Stopped
-from gpuwarden.lab.report import PodRecord, StrategyReport, summarize
+from gpuwarden.lab.report import PodRecord, StrategyReport, TraceLoad, summarize, trace_load
 from gpuwarden.lab.strategies import Layout, Strategy
 from gpuwarden.lab.trace import TraceRow
 
@@ -94,13 +94,28 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
             error = future.exception()
             if error is not None and not isinstance(error, Stopped):
                 raise error
-    return [
-        summarize(
-            replay.strategy.name,
-            replay.records.values(),
-            physical_gpus=plan.layout.physical_gpus,
-            horizon=plan.horizon,
-            notes=(*replay.strategy.notes, *layout_notes(replay.strategy, plan.layout)),
-        )
-        for replay in replays
-    ]
+    return [report(replay, plan) for replay in replays]
+
+
+def report(replay: Replay, plan: Plan) -> StrategyReport:
+    samples = replay.model.samples
+    return summarize(
+        replay.strategy.name,
+        replay.records.values(),
+        replay.outcomes,
+        physical_gpus=plan.layout.physical_gpus,
+        horizon=plan.horizon,
+        allocated=[(s.at, s.allocated) for s in samples],
+        busy=[(s.at, s.busy) for s in samples],
+        pending=replay.ledger.backlog,
+        notes=(*replay.strategy.notes, *layout_notes(replay.strategy, plan.layout)),
+    )
+
+
+def plan_load(plan: Plan) -> TraceLoad:
+    """The trace's offered load and peak demand on the plan's cluster."""
+    return trace_load(
+        ((r.at, r.duration, r.gpus) for r in plan.rows),
+        physical_gpus=plan.layout.physical_gpus,
+        horizon=plan.horizon,
+    )

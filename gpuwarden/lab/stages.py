@@ -6,6 +6,8 @@ and pods, written for KWOK's config file.
 * a pod bound to such a node goes Running and Ready;
 * a Running pod with the annotation :data:`COMPLETE_AFTER` (a Go duration, ``"90s"``, counted
   from the moment it went Running) turns Succeeded then; a pod without it runs until deleted;
+* a pod with the annotation :data:`WORK_DONE` (set by `gpuwarden simulate` when the work model
+  says its work is done) turns Succeeded as soon as it runs;
 * a pod being deleted (a preemption victim, a removed pod) is removed at once, as a kubelet
   would after the containers stopped.
 
@@ -19,6 +21,8 @@ from typing import Any
 STAGE_API_VERSION = "kwok.x-k8s.io/v1alpha1"
 #: KWOK's own annotation for the pod-complete stage's delay (its kustomize/stage/pod/general).
 COMPLETE_AFTER = "pod-complete.stage.kwok.x-k8s.io/delay"
+#: The replay's word that a pod's work is done (its value: the simulated second it finished).
+WORK_DONE = "lab.gpuwarden.io/work-done"
 #: Nodes KWOK manages carry this annotation (KWOK's convention; kwok --manage-nodes-with-...).
 NODE_ANNOTATION = "kwok.x-k8s.io/node"
 NODE_ANNOTATION_VALUE = "fake"
@@ -144,6 +148,16 @@ def lab_stages() -> list[dict[str, Any]]:
                 "durationMilliseconds": 0,
                 "durationFrom": {"expressionFrom": f'.metadata.annotations["{COMPLETE_AFTER}"]'},
             },
+            next={"statusTemplate": _POD_SUCCEEDED},
+        ),
+        _stage(
+            "lab-pod-work-done",
+            "Pod",
+            [
+                _NOT_DELETED,
+                {"key": ".status.phase", "operator": "In", "values": ["Running"]},
+                {"key": f'.metadata.annotations["{WORK_DONE}"]', "operator": "Exists"},
+            ],
             next={"statusTemplate": _POD_SUCCEEDED},
         ),
         _stage(

@@ -11,7 +11,7 @@ memory instead of a fixed replica count) is not simulated; the strategy's notes 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -52,20 +52,30 @@ spec:
 
 @dataclass(frozen=True)
 class Layout:
-    """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs; for a strategy that
-    shares GPUs, ``mps_nodes`` of them share each GPU among ``mps_replicas`` pods."""
+    """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs, or the given
+    ``node_pools`` (a trace's node list); for a strategy that shares GPUs, ``mps_nodes`` of
+    them share each GPU among ``mps_replicas`` pods."""
 
     nodes: int = 8
     gpus_per_node: int = 8
     mps_nodes: int = 2
     mps_replicas: int = 4
     gpu_memory_mib: int = 81559  # an H100 80GB as GFD reports it
+    node_pools: tuple[GpuNodePool, ...] = ()
 
     @property
     def physical_gpus(self) -> int:
+        if self.node_pools:
+            return sum(pool.physical_gpus for pool in self.node_pools)
         return self.nodes * self.gpus_per_node
 
+    @property
+    def node_count(self) -> int:
+        return sum(p.count for p in self.node_pools) if self.node_pools else self.nodes
+
     def pools(self, shares: bool) -> list[GpuNodePool]:
+        if self.node_pools:
+            return self._split(shares)
         mps = min(self.mps_nodes, self.nodes) if shares else 0
         pools = [
             GpuNodePool(
@@ -84,6 +94,28 @@ class Layout:
                 )
             )
         return [pool for pool in pools if pool.count]
+
+    def _split(self, shares: bool) -> list[GpuNodePool]:
+        """The given pools; sharing, the first ``mps_nodes`` nodes of the largest pools
+        (most nodes first) become MPS pools named ``<pool>-mps``."""
+        left = min(self.mps_nodes, self.node_count) if shares else 0
+        out: list[GpuNodePool] = []
+        for pool in sorted(self.node_pools, key=lambda p: (-p.count, p.name)):
+            mps = min(left, pool.count)
+            left -= mps
+            if pool.count - mps:
+                out.append(replace(pool, count=pool.count - mps))
+            if mps:
+                out.append(
+                    replace(
+                        pool,
+                        name=f"{pool.name}-mps",
+                        count=mps,
+                        mps_replicas=self.mps_replicas,
+                        rename_shared=True,
+                    )
+                )
+        return sorted(out, key=lambda p: p.name)
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,21 @@ kind       the Kubeflow workload kind (kfp-step, training-job, trainjob, katib-t
            notebook, kserve-predictor)
 name       the workload's name (task of a pipeline step, job, experiment, notebook, ...);
            optional, defaults to the kind
-gpus       whole GPUs the pod asks for (1 or more)
-duration   how long it runs once started (same forms as ``at``; above 0)
+gpus       GPUs the pod asks for: a whole number (1 or more), or a share of one GPU
+           below 1 (``0.25``: what a GPU-sharing cluster's ``gpu_milli: 250`` asks); a pod
+           asking a share asks one device
+duration   batch kinds: how long its work takes on the GPUs it asks for at full speed;
+           notebook and kserve-predictor: how long it is wanted (from ``at``)
 memory     GPU memory it actually uses on each of its GPUs (a quantity: ``12Gi``)
 labels     extra pod labels: a mapping in YAML, ``key=value;key=value`` in CSV (optional)
+busy       the share of a GPU's SMs it keeps busy at full speed, 0..1, as DCGM's
+           DCGM_FI_DEV_GPU_UTIL would report for it alone (optional; :data:`DEFAULT_BUSY`
+           per kind, or the share it asks when that is lower)
+checkpoint seconds between its checkpoints (optional; absent: a restart loses everything)
+run        rows with the same ``run`` execute one after another in row order, like a
+           pipeline's steps (optional); their ``at`` must not go back in time
+products   GPU Feature Discovery product names the pod may run on (a list in YAML,
+           ``a;b`` in CSV; optional: any GPU)
 =========  ===========================================================================
 
 Parsing is pure: text in, rows out, or a :class:`TraceError` naming the row.
@@ -22,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,10 +45,38 @@ import yaml
 from gpuwarden.lab.workloads import WORKLOAD_KINDS
 from gpuwarden.policy.quantity import QuantityError, parse_non_negative
 
-FIELDS = ("at", "namespace", "kind", "name", "gpus", "duration", "memory", "labels")
+FIELDS = (
+    "at",
+    "namespace",
+    "kind",
+    "name",
+    "gpus",
+    "duration",
+    "memory",
+    "labels",
+    "busy",
+    "checkpoint",
+    "run",
+    "products",
+)
 REQUIRED = ("at", "namespace", "kind", "gpus", "duration", "memory")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+
+
+#: Kinds whose rows are work to complete; the others are services wanted for a lifetime.
+BATCH_KINDS = frozenset({"kfp-step", "training-job", "trainjob", "katib-trial"})
+#: ``busy`` when a row gives none: training keeps its GPUs nearly saturated, a pipeline step
+#: less so (input, checkpoints), a notebook idles most of the time, a predictor follows its
+#: traffic.
+DEFAULT_BUSY: Mapping[str, float] = {
+    "kfp-step": 0.7,
+    "training-job": 0.9,
+    "trainjob": 0.9,
+    "katib-trial": 0.8,
+    "notebook": 0.1,
+    "kserve-predictor": 0.3,
+}
 
 
 class TraceError(ValueError):
@@ -50,10 +90,28 @@ class TraceRow:
     namespace: str
     kind: str
     name: str
-    gpus: int
+    gpus: float  # whole GPUs (1, 2, ...) or a share of one (0 < gpus < 1)
     duration: float  # seconds
     memory_used: Decimal  # bytes, per GPU
     labels: Mapping[str, str] = field(default_factory=dict)
+    busy: float = 1.0  # SM share kept busy on each of its GPUs at full speed
+    checkpoint: float | None = None  # seconds between checkpoints; None: none
+    run: str | None = None  # rows of one run execute one after another
+    gpu_products: tuple[str, ...] = ()  # GFD product names it may run on (); any)
+
+    @property
+    def batch(self) -> bool:
+        """Work to complete (True) or a service wanted for its duration (False)."""
+        return self.kind in BATCH_KINDS
+
+    @property
+    def devices(self) -> int:
+        """GPU devices the pod asks for (a share asks one)."""
+        return max(1, math.ceil(self.gpus))
+
+    @property
+    def offered_gpu_seconds(self) -> float:
+        return self.gpus * self.duration
 
 
 def parse_seconds(value: object) -> float:
@@ -114,12 +172,19 @@ def parse_row(raw: Mapping[str, Any], row: int, namespaces: Collection[str]) -> 
     duration = parse_seconds(raw["duration"])
     if duration <= 0:
         raise ValueError(f"duration {raw['duration']!r} must be above 0")
-    gpus_raw = raw["gpus"]
-    if isinstance(gpus_raw, bool) or not str(gpus_raw).strip().isdigit():
-        raise ValueError(f"gpus {gpus_raw!r} must be a whole number of 1 or more")
-    gpus = int(str(gpus_raw).strip())
-    if gpus < 1:
-        raise ValueError(f"gpus {gpus_raw!r} must be a whole number of 1 or more")
+    gpus = parse_gpus(raw["gpus"])
+    busy = DEFAULT_BUSY[kind] if raw.get("busy") in (None, "") else parse_share(raw["busy"])
+    checkpoint = None
+    if raw.get("checkpoint") not in (None, ""):
+        checkpoint = parse_seconds(raw["checkpoint"])
+        if checkpoint <= 0:
+            raise ValueError(f"checkpoint {raw['checkpoint']!r} must be above 0")
+    run = None if raw.get("run") in (None, "") else str(raw["run"])
+    products = raw.get("products") or ()
+    if isinstance(products, str):
+        products = [p.strip() for p in products.split(";") if p.strip()]
+    if not isinstance(products, list | tuple) or not all(isinstance(p, str) for p in products):
+        raise ValueError(f"products {products!r} must be a list of GPU product names")
     try:
         memory = parse_non_negative(raw["memory"])
     except QuantityError as exc:
@@ -134,7 +199,40 @@ def parse_row(raw: Mapping[str, Any], row: int, namespaces: Collection[str]) -> 
         duration=duration,
         memory_used=memory,
         labels=_labels(raw.get("labels")),
+        busy=min(busy, gpus) if raw.get("busy") in (None, "") else busy,
+        checkpoint=checkpoint,
+        run=run,
+        gpu_products=tuple(products),
     )
+
+
+def parse_gpus(value: object) -> float:
+    """A whole number of GPUs (1 or more) or a share of one (0 < share < 1); ValueError else."""
+    text = str(value).strip()
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        gpus = float(text)
+    except ValueError:
+        gpus = math.nan
+    if not math.isfinite(gpus) or gpus <= 0 or (gpus > 1 and not gpus.is_integer()):
+        raise ValueError(
+            f"gpus {value!r} must be a whole number of 1 or more, or a share of one GPU (0.5)"
+        )
+    return gpus
+
+
+def parse_share(value: object) -> float:
+    """``busy``: a number from 0 to 1; ValueError else."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        share = float(str(value).strip())
+    except ValueError:
+        share = math.nan
+    if not 0 <= share <= 1:
+        raise ValueError(f"busy {value!r} must be a number from 0 to 1")
+    return share
 
 
 def _yaml_rows(text: str, source: str) -> list[tuple[int, Any]]:
@@ -180,7 +278,29 @@ def parse_trace(
             rows.append(parse_row(raw, number, namespaces))
         except ValueError as exc:
             raise TraceError(f"{source}: row {number}: {exc}") from None
+    check_runs(rows, source)
     return sorted(rows, key=lambda r: (r.at, r.row))
+
+
+def check_runs(rows: Iterable[TraceRow], source: str) -> None:
+    """Each run's steps, in row order, arrive no earlier than the step before and stay in one
+    namespace; TraceError naming the first step that does not."""
+    last: dict[str, TraceRow] = {}
+    for row in sorted(rows, key=lambda r: r.row):
+        if row.run is None:
+            continue
+        before = last.get(row.run)
+        if before is not None and row.at < before.at:
+            raise TraceError(
+                f"{source}: row {row.row}: run {row.run!r}: at {row.at:g}s is before the "
+                f"step in row {before.row} ({before.at:g}s); a run's steps go in row order"
+            )
+        if before is not None and row.namespace != before.namespace:
+            raise TraceError(
+                f"{source}: row {row.row}: run {row.run!r}: namespace {row.namespace!r} is not "
+                f"row {before.row}'s {before.namespace!r}; a run stays in one namespace"
+            )
+        last[row.run] = row
 
 
 def trace_csv(rows: Iterable[TraceRow]) -> str:
@@ -191,7 +311,21 @@ def trace_csv(rows: Iterable[TraceRow]) -> str:
     for r in rows:
         labels = ";".join(f"{k}={v}" for k, v in r.labels.items())
         memory = f"{int(r.memory_used / 2**20)}Mi"
+        gpus = str(int(r.gpus)) if r.gpus >= 1 else repr(r.gpus)
         writer.writerow(
-            [repr(r.at), r.namespace, r.kind, r.name, r.gpus, repr(r.duration), memory, labels]
+            [
+                repr(r.at),
+                r.namespace,
+                r.kind,
+                r.name,
+                gpus,
+                repr(r.duration),
+                memory,
+                labels,
+                repr(r.busy),
+                "" if r.checkpoint is None else repr(r.checkpoint),
+                r.run or "",
+                ";".join(r.gpu_products),
+            ]
         )
     return out.getvalue()

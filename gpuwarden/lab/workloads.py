@@ -7,7 +7,7 @@ then decides what each one gets.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 from gpuwarden.lab.stages import COMPLETE_AFTER, go_duration
@@ -88,14 +88,31 @@ def workload_pod(
     gpus: int,
     labels: Mapping[str, str] | None = None,
     runs_for: float | None = None,
+    products: Sequence[str] = (),
 ) -> dict[str, Any]:
     """A pod of ``kind`` for ``workload`` (task, job, trial, notebook or service name) whose GPU
     container asks for ``gpus`` whole GPUs; it completes ``runs_for`` seconds after it started
-    running (never, when None)."""
+    running (never, when None). ``products`` are the GPU Feature Discovery products it may run
+    on (any, when empty), as a required node affinity (a shared GPU's ``-SHARED`` too)."""
     kind_labels, annotations, container = _metadata(kind, dns_label(workload))
     if runs_for is not None:
         annotations[COMPLETE_AFTER] = go_duration(runs_for)
     resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {}
+    spec: dict[str, Any] = {
+        # Servers restart; jobs, steps and trials run once.
+        "restartPolicy": "Always" if kind in ("notebook", "kserve-predictor") else "Never",
+        "containers": [{"name": container, "image": _IMAGE, "resources": resources}],
+    }
+    if products:
+        values = [name for product in products for name in (product, f"{product}-SHARED")]
+        term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": values}
+        spec["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                }
+            }
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -105,9 +122,5 @@ def workload_pod(
             "labels": {**kind_labels, **dict(labels or {})},
             "annotations": annotations,
         },
-        "spec": {
-            # Servers restart; jobs, steps and trials run once.
-            "restartPolicy": "Always" if kind in ("notebook", "kserve-predictor") else "Never",
-            "containers": [{"name": container, "image": _IMAGE, "resources": resources}],
-        },
+        "spec": spec,
     }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuwarden.lab.nodes import GpuNodePool, Taint
-from gpuwarden.lab.stages import COMPLETE_AFTER, go_duration, lab_stages
+from gpuwarden.lab.stages import COMPLETE_AFTER, WORK_DONE, go_duration, lab_stages
 from gpuwarden.lab.workloads import WORKLOAD_KINDS, workload_pod
 from gpuwarden.policy.workloads import identify
 
@@ -55,3 +55,11 @@ def test_each_workload_kind_is_recognised_as_that_kind_by_the_policy_core() -> N
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "2"}
         if found.container is not None:
             assert container["name"] == found.container, kind
+
+
+def test_a_running_pod_the_replay_marks_done_turns_succeeded() -> None:
+    (stage,) = [s for s in lab_stages() if s["metadata"]["name"] == "lab-pod-work-done"]
+    selector = {e["key"]: e for e in stage["spec"]["selector"]["matchExpressions"]}
+    assert selector[".status.phase"]["values"] == ["Running"]
+    assert selector[f'.metadata.annotations["{WORK_DONE}"]']["operator"] == "Exists"
+    assert "phase: Succeeded" in stage["spec"]["next"]["statusTemplate"]

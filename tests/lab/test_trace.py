@@ -8,17 +8,18 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.cli import main
-from gpuwarden.lab.defaulttrace import NAMESPACES, default_trace
+from gpuwarden.lab.defaulttrace import NAMESPACES, WEEK, busy_week, default_trace
 from gpuwarden.lab.replay import pod_allocation
-from gpuwarden.lab.report import PodRecord, percentile, summarize, table
+from gpuwarden.lab.report import PodRecord, RowOutcome, percentile, summarize, table, trace_load
 from gpuwarden.lab.strategies import LAB_BACKEND, Layout, builtin_strategies
-from gpuwarden.lab.trace import TraceError, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.trace import DEFAULT_BUSY, TraceError, parse_seconds, parse_trace, trace_csv
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 
 REPO = Path(__file__).resolve().parents[2]
 KNOWN = ("data-team", "algo-team")
 HEADER = "at,namespace,kind,name,gpus,duration,memory,labels\n"
+FULL_HEADER = "at,namespace,kind,name,gpus,duration,memory,labels,busy,checkpoint,run,products\n"
 
 
 def _csv(*rows: str) -> str:
@@ -48,6 +49,7 @@ def test_csv_rows_come_back_by_arrival_with_their_units() -> None:
         ("-5,algo-team,notebook,a,1,1h,1Gi,", "row 2: at '-5' is before the start"),
         ("0,algo-team,spark-job,a,1,1h,1Gi,", "row 2: unknown kind 'spark-job'"),
         ("0,algo-team,notebook,a,0,1h,1Gi,", "row 2: gpus '0' must be a whole number"),
+        ("0,algo-team,notebook,a,1.5,1h,1Gi,", "row 2: gpus '1.5' must be a whole number"),
         ("0,algo-team,notebook,a,1,soon,1Gi,", "row 2: 'soon' is not a duration"),
         ("0,algo-team,notebook,a,1,1h,lots,", "row 2: memory 'lots'"),
         ("0,algo-team,notebook,a,1,1h,1Gi,x", "row 2: labels 'x': write key=value"),
@@ -122,7 +124,7 @@ def test_simulate_refuses_a_bad_trace_with_the_row_and_exit_2(
 def test_dump_trace_prints_what_would_be_replayed(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["simulate", "--dump-trace", "csv"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(HEADER)
+    assert out.startswith(FULL_HEADER)
     assert len(out.splitlines()) == len(default_trace()) + 1
 
 
@@ -152,6 +154,7 @@ def test_summary_measures_allocation_memory_waits_and_outcomes() -> None:
             memory_allocated=80 * gib,
             memory_used=20 * gib,
             bound=hour,
+            first_try=False,
         ),
         PodRecord(
             "c",
@@ -163,17 +166,66 @@ def test_summary_measures_allocation_memory_waits_and_outcomes() -> None:
             bound=1.5 * hour,
             ended=1.75 * hour,
             preempted=True,
+            first_try=False,
         ),
+        # never placed: it waited the whole 2 hours
         PodRecord("d", "t1", 4, created=0),
         PodRecord("e", "t1", 5, created=0, refused="denied"),
     ]
-    report = summarize("s", records, physical_gpus=16, horizon=2 * hour)
+    outcomes = [
+        RowOutcome(1, "t1", "training-job", 8 * hour, asked=8, progress=hour, completed=True),
+        RowOutcome(2, "t2", "notebook", 2 * hour, asked=1, batch=False, progress=hour),
+        RowOutcome(3, "t2", "katib-trial", hour, asked=1, lost_seconds=0.25 * hour),
+        RowOutcome(4, "t1", "katib-trial", hour, asked=1),
+        RowOutcome(5, "t1", "katib-trial", hour, asked=1, refused=True),
+    ]
+    allocated = [(0.0, 8.0), (hour, 1.0), (1.5 * hour, 2.0), (1.75 * hour, 1.0)]
+    busy = [(0.0, 4.0), (hour, 0.5)]
+    report = summarize(
+        "s",
+        records,
+        outcomes,
+        physical_gpus=16,
+        horizon=2 * hour,
+        allocated=allocated,
+        busy=busy,
+        pending=[(0.0, 2.0), (hour, 1.0)],
+    )
     assert report.allocation == pytest.approx((8 / 16, (1 + 0.25) / 16))
     assert report.average_allocation == pytest.approx((8 + 1 + 0.25) / (16 * 2))
+    assert report.busy == pytest.approx((4 / 16, 0.5 / 16))
+    assert report.gpu_busy_average == pytest.approx(4.5 / 32)
+    assert report.pending == pytest.approx((2.0, 1.0))
     assert report.memory_used_share == pytest.approx((320 + 20) / (640 + 80 + 20))
-    assert report.waits["t2"] == {"placed": 2, "p50": hour * 0.5, "p95": hour, "preempted": 1}
+    assert report.waits["t2"] == {
+        "placed": 2,
+        "p50": hour * 0.5,
+        "p95": hour,
+        "p99": hour,
+        "preempted": 1,
+    }
+    # d never placed waited the 2 hours; the refused pod has no wait.
+    assert report.waits["t1"]["p95"] == 2 * hour
     assert (report.preemptions, report.never_placed, report.refused) == (1, 1, 1)
+    assert report.offered_gpu_hours == pytest.approx(13)
+    assert report.delivered_gpu_hours == pytest.approx(9)
+    assert report.lost_gpu_hours == pytest.approx(0.25)
+    assert (report.jobs_completed, report.jobs) == (1, 4)
+    assert report.tenants["t2"] == {"offeredGpuHours": 3.0, "deliveredGpuHours": 1.0}
+    assert report.wait_resolution == 0, "only a was bound at its first try, at once"
     assert percentile([], 0.5) is None
+
+
+def test_the_trace_load_counts_offered_work_and_the_peak_of_demand() -> None:
+    hour = 3600.0
+    load = trace_load(
+        [(0, 2 * hour, 8), (hour, 2 * hour, 4), (5 * hour, hour, 2)],
+        physical_gpus=8,
+        horizon=8 * hour,
+    )
+    assert load.offered_gpu_hours == 16 + 8 + 2
+    assert load.offered_load == pytest.approx(26 / 64)
+    assert (load.peak_gpus, load.peak_demand) == (12, 1.5)
 
 
 def test_lab_strategies_schedule_volcano_policies_on_the_nvidia_backend() -> None:
@@ -208,11 +260,108 @@ def test_the_terminal_table_shows_each_strategy_and_tenant_waits() -> None:
     hour = 3600.0
     records = [
         PodRecord("a", "algo-team", 1, created=0, gpus=2, bound=600, ended=hour),
-        PodRecord("b", "batch", 2, created=0, gpus=1, bound=3 * hour, ended=4 * hour),
+        PodRecord(
+            "b", "batch", 2, created=0, gpus=1, bound=3 * hour, ended=4 * hour, first_try=False
+        ),
     ]
-    text = table([summarize("mine", records, physical_gpus=4, horizon=4 * hour)])
-    header, row = text.splitlines()[:2]
-    assert header.split()[:2] == ["strategy", "GPU"]
-    # 2 GPUs for 50 min and 1 GPU for an hour, of 4 GPUs over 4 hours; the first hour peaks.
-    assert row.split() == ["mine", "17%", "42%", "-", "0", "0", "0", "2"]
-    assert text.splitlines()[-1].split() == ["mine", "10m", "/", "10m", "3.0h", "/", "3.0h"]
+    outcomes = [
+        RowOutcome(1, "algo-team", "training-job", 2 * hour, asked=2, progress=hour),
+        RowOutcome(2, "batch", "katib-trial", hour, asked=1, progress=hour, completed=True),
+    ]
+    report = summarize(
+        "mine",
+        records,
+        outcomes,
+        physical_gpus=4,
+        horizon=4 * hour,
+        allocated=[(0, 0), (600, 2), (hour, 0), (3 * hour, 1), (4 * hour, 0)],
+        busy=[(0, 0), (600, 1.8), (hour, 0), (3 * hour, 0.8)],
+    )
+    load = trace_load([(0, hour, 2), (0, hour, 1)], physical_gpus=4, horizon=4 * hour)
+    lines = table([report], load).splitlines()
+    assert lines[0] == (
+        "trace: 3 GPU-hours offered = 19% of 4 GPUs' 16; peak demand 0.75x the GPUs "
+        "(3 asked at once)"
+    )
+    assert lines[2].split()[:3] == ["strategy", "delivered", "GPU-h"]
+    # 3 of 3 GPU-hours; 1 of 2 jobs; busy 1.8 x 50 min + 0.8 x 1 h of 16 GPU-hours.
+    busy = (1.8 * 50 / 60 + 0.8) / 16
+    alloc = (2 * 50 / 60 + 1) / 16
+    assert lines[3].split() == [
+        "mine", "3", "(100%)", "1/2", f"{busy:.0%}", f"{alloc:.0%}", "42%", "-", "0", "0",
+        "-", "0", "0",
+    ]  # fmt: skip
+    waits = lines.index("strategy                      algo-team                batch")
+    assert lines[waits + 1].split() == ["mine", "10m", "/", "10m", "/", "10m", "3.0h", "/",
+                                        "3.0h", "/", "3.0h"]  # fmt: skip
+    assert "note: mine: waits are resolved to about 10m in this run" in "\n".join(lines)
+
+
+def test_trace_rows_take_shares_busy_checkpoints_and_runs() -> None:
+    rows = parse_trace(
+        FULL_HEADER
+        + "0,algo-team,notebook,nb,0.25,1h,1Gi,,,,,\n"
+        + "0,data-team,kfp-step,data-loading,2,1h,1Gi,,0.2,,r1,\n"
+        + "0,data-team,kfp-step,train,8,5h,1Gi,,,1h,r1,Tesla-T4;NVIDIA-A10\n",
+        "t.csv",
+        KNOWN,
+    )
+    nb, load, train = sorted(rows, key=lambda r: r.row)
+    # A share asks one device; busy defaults to the kind's unless the share is lower.
+    assert (nb.gpus, nb.devices, nb.busy, nb.batch) == (0.25, 1, 0.1, False)
+    assert (load.busy, load.run, load.checkpoint) == (0.2, "r1", None)
+    assert (train.busy, train.checkpoint, train.gpu_products) == (
+        DEFAULT_BUSY["kfp-step"],
+        3600.0,
+        ("Tesla-T4", "NVIDIA-A10"),
+    )
+    assert parse_trace(trace_csv(rows), "again.csv", KNOWN) == rows
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (["0,algo-team,notebook,a,1,1h,1Gi,,1.5,,,"], "row 1: busy '1.5' must be a number from 0"),
+        (["0,algo-team,notebook,a,1,1h,1Gi,,x,,,"], "row 1: busy 'x' must be a number"),
+        (["0,algo-team,training-job,a,1,1h,1Gi,,,0,,"], "row 1: checkpoint '0' must be above 0"),
+        (
+            ["2h,data-team,kfp-step,a,1,1h,1Gi,,,,r,", "1h,data-team,kfp-step,b,1,1h,1Gi,,,,r,"],
+            "row 2: run 'r': at 3600s is before the step in row 1 (7200s)",
+        ),
+        (
+            ["0,data-team,kfp-step,a,1,1h,1Gi,,,,r,", "1h,algo-team,kfp-step,b,1,1h,1Gi,,,,r,"],
+            "row 2: run 'r': namespace 'algo-team' is not row 1's 'data-team'",
+        ),
+    ],
+)
+def test_bad_new_columns_are_named(rows: list[str], message: str) -> None:
+    with pytest.raises(TraceError) as raised:
+        parse_trace(FULL_HEADER + "".join(f"{r}\n" for r in rows), "t.csv", KNOWN)
+    assert str(raised.value).startswith("t.csv: ")
+    assert message in str(raised.value)
+
+
+def test_builtin_busy_week_saturates_the_cluster() -> None:
+    rows = busy_week()
+    assert rows == busy_week(), "generated from a fixed seed"
+    assert {r.namespace for r in rows} == set(NAMESPACES)
+    load = trace_load(((r.at, r.duration, r.gpus) for r in rows), physical_gpus=64, horizon=WEEK)
+    assert load.offered_load >= 0.9
+    assert load.peak_demand >= 2
+    hours_above = 0
+    for hour in range(168):
+        t = hour * 3600 + 1800
+        asked = sum(r.gpus for r in rows if r.at <= t < r.at + r.duration)
+        hours_above += asked >= 1.5 * 64
+    assert hours_above >= 24, "demand at or above 1.5x for long stretches"
+    # Every pipeline's training step follows its data-loading step in one run.
+    runs = {r.run for r in rows if r.namespace == "data-team"}
+    assert None not in runs and len(runs) * 2 == sum(r.namespace == "data-team" for r in rows)
+
+
+def test_simulate_names_an_unknown_builtin_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--trace", "builtin:month"]) == 2
+    err = capsys.readouterr().err
+    assert "--trace builtin:month: no such built-in trace (have builtin:week" in err
+    assert main(["simulate", "--trace", "builtin:week", "--sample", "3"]) == 2
+    assert "--sample: only for an Alibaba pod list" in capsys.readouterr().err
