@@ -1,5 +1,5 @@
-"""The PNG of `gpuwarden simulate --plot`: GPU allocation over time per strategy, and waits per
-tenant. matplotlib is optional (``pip install 'gpuwarden[lab]'``)."""
+"""The PNG of `gpuwarden simulate --plot`: GPUs allocated and busy over time per strategy, the
+backlog of pending GPUs over time, and wait percentiles per tenant. matplotlib is optional (``pip install 'gpuwarden[lab]'``)."""
 
 from __future__ import annotations
 
@@ -24,31 +24,51 @@ def write_png(reports: Sequence[StrategyReport], path: Path) -> None:
             "the plot needs matplotlib: pip install 'gpuwarden[lab]'"
         ) from exc
     namespaces = sorted({ns for r in reports for ns in r.waits})
-    figure, (timeline, waits) = plt.subplots(2, 1, figsize=(11, 8), constrained_layout=True)
+    figure, (timeline, backlog, waits) = plt.subplots(
+        3, 1, figsize=(12, 12), constrained_layout=True
+    )
     for report in reports:
         hours = [i * report.bucket / 3600 for i in range(len(report.allocation))]
-        timeline.plot(
+        (line,) = timeline.plot(
             hours,
             [100 * a for a in report.allocation],
-            label=f"{report.strategy} (avg {report.average_allocation:.0%})",
+            label=f"{report.strategy} allocated (avg {report.average_allocation:.0%})",
         )
+        timeline.plot(
+            hours,
+            [100 * b for b in report.busy],
+            linestyle="--",
+            color=line.get_color(),
+            label=f"{report.strategy} busy (avg {report.gpu_busy_average:.0%})",
+        )
+        backlog.plot(hours, list(report.pending), color=line.get_color(), label=report.strategy)
     timeline.set_xlabel("simulated hour")
-    timeline.set_ylabel("GPUs allocated (%)")
+    timeline.set_ylabel("share of the GPUs (%)")
     timeline.set_ylim(0, 105)
-    timeline.set_title("GPU allocation over time")
-    timeline.legend(loc="upper right")
+    timeline.set_title("GPUs allocated (solid) and busy (dashed, as DCGM would report) over time")
+    timeline.legend(loc="lower right", fontsize="small", ncols=2)
+    backlog.set_xlabel("simulated hour")
+    backlog.set_ylabel("GPUs asked by waiting pods")
+    backlog.set_title("Backlog: GPUs pending over time")
+    backlog.legend(loc="upper right", fontsize="small")
     width = 0.8 / max(len(reports), 1)
     for index, report in enumerate(reports):
         xs = [i + index * width for i in range(len(namespaces))]
-        p50 = [float(report.waits.get(ns, {}).get("p50") or 0) / 3600 for ns in namespaces]
-        p95 = [float(report.waits.get(ns, {}).get("p95") or 0) / 3600 for ns in namespaces]
-        waits.bar(xs, p95, width=width * 0.9, alpha=0.35, label=f"{report.strategy} p95")
-        waits.bar(xs, p50, width=width * 0.9, label=f"{report.strategy} p50")
+        for share, alpha, label in (("p99", 0.2, "p99"), ("p95", 0.45, "p95"), ("p50", 1.0, "p50")):
+            values = [float(report.waits.get(ns, {}).get(share) or 0) / 3600 for ns in namespaces]
+            waits.bar(
+                xs,
+                values,
+                width=width * 0.9,
+                alpha=alpha,
+                color=f"C{index}",
+                label=f"{report.strategy} {label}",
+            )
     waits.set_xticks([i + width * (len(reports) - 1) / 2 for i in range(len(namespaces))])
     waits.set_xticklabels(namespaces)
     waits.set_ylabel("wait to be placed (simulated hours)")
-    waits.set_title("Waits per tenant")
-    waits.legend(loc="upper right", fontsize="small", ncols=2)
+    waits.set_title("Waits per tenant: p50 (solid), p95, p99 (lighter)")
+    waits.legend(loc="upper right", fontsize="small", ncols=3)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)

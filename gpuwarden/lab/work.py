@@ -126,8 +126,10 @@ class WorkModel:
         checkpoint: float | None = None,
     ) -> None:
         """Pod ``key`` starts at ``at`` on ``node`` with ``whole`` GPUs and ``slices`` MPS slices,
-        from ``progress``; it completes at ``target`` (None: a service, runs until stopped)."""
+        from ``progress``; it completes at ``target`` (None: a service, runs until stopped).
+        A time before the model's clock is taken as the clock (events are never undone)."""
         self.advance(at)
+        at = self._now
         if key in self._running:
             return
         gpus, shares = self._take(node, whole, slices)
@@ -149,8 +151,10 @@ class WorkModel:
         self._respeed(at)
 
     def stop(self, key: str, at: float) -> Stopped | None:
-        """Pod ``key`` stops at ``at``; what it had done (None if it was not running)."""
+        """Pod ``key`` stops at ``at`` (or the model's clock, if later); what it had done (None
+        if it was not running)."""
         self.advance(at)
+        at = self._now
         pod = self._running.pop(key, None)
         if pod is None:
             return None

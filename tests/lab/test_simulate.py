@@ -18,9 +18,11 @@ from .conftest import LAB_POLICIES
 
 pytestmark = pytest.mark.e2e
 
-# One node of 2 GPUs. Two Katib trials take both for longer than the replay; an hour later a
-# KServe predictor arrives. Under the lab policy (inference 300, batch-hpo 10) the scheduler
-# preempts a trial for it; with no governance it never gets a GPU.
+# One node of 2 GPUs. Two Katib trials (no checkpoints) take both for longer than the replay; an
+# hour later a KServe predictor arrives, wanted for two hours. Under the lab policy (inference
+# 300, batch-hpo 10) the scheduler preempts a trial for it; Katib recreates the trial, which waits
+# until the predictor's lifetime ends and starts again from zero. With no governance the
+# predictor never gets a GPU.
 TRACE = """\
 rows:
   - {at: 0, namespace: algo-team, kind: katib-trial, name: hpo, gpus: 1, duration: 10h, memory: 30Gi}
@@ -55,16 +57,33 @@ def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path
     )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, "the labs' shutdown is quiet"
-    reports = {s["strategy"]: s for s in json.loads(result.stdout)["strategies"]}
+    body = json.loads(result.stdout)
+    # 2 trials x 10 h + the predictor's 2 h; 5 GPUs asked at once on 2.
+    assert (body["offeredGpuHours"], body["peakDemand"]) == (22, 1.5)
+    reports = {s["strategy"]: s for s in body["strategies"]}
     free, governed = reports["no-governance"], reports["lab"]
     assert (free["preemptions"], free["neverPlaced"]) == (0, 1)
+    # The recreated trial was placed again once the predictor ended.
     assert (governed["preemptions"], governed["neverPlaced"]) == (1, 0)
-    # The predictor waited well under an hour of the trace's time for its GPU.
+    # The predictor waited well under an hour of the trace's time for its GPU; with no
+    # governance it waited its whole two-hour lifetime.
     assert governed["waitSeconds"]["serving"]["p95"] < 3600
-    # No governance: both GPUs held all 4 hours. Governed: the victim is not resubmitted, so
-    # one GPU idles from the predictor's end (3h) on: 7 of 8 GPU-hours.
+    assert free["waitSeconds"]["serving"]["p95"] == pytest.approx(7200, abs=60)
+    # No governance: both trials ran all 4 hours (8 GPU-hours of work), no service.
+    assert free["deliveredGpuHours"] == pytest.approx(8, abs=0.1)
+    assert free["tenants"]["serving"]["deliveredGpuHours"] == 0
+    # Governed: the victim's first hour is lost, it runs again from 3 h to 4 h; one trial runs
+    # 4 h; the predictor serves about 2 h: 7 GPU-hours, 1 lost.
+    assert governed["lostGpuHours"] == pytest.approx(1, abs=0.15)
+    assert governed["deliveredGpuHours"] == pytest.approx(7, abs=0.2)
+    assert governed["tenants"]["serving"]["deliveredGpuHours"] == pytest.approx(2, abs=0.2)
+    # Both GPUs held nearly all the time either way; trials keep them busy 0.8, the predictor
+    # 0.3.
     assert free["averageAllocation"] == pytest.approx(1.0, abs=0.05)
-    assert governed["averageAllocation"] == pytest.approx(7 / 8, abs=0.05)
+    assert governed["averageAllocation"] == pytest.approx(1.0, abs=0.05)
+    assert free["gpuBusyAverage"] == pytest.approx(0.8, abs=0.02)
+    assert governed["gpuBusyAverage"] == pytest.approx((0.8 * 2 * 4 - 0.5 * 2) / 8, abs=0.05)
+    assert governed["waitResolutionSeconds"] < 15 * 60
 
 
 def _descendants(pid: int) -> set[int]:

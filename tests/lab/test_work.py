@@ -236,3 +236,14 @@ def test_services_on_an_oversubscribed_gpu_count_as_degraded() -> None:
     # Both served the whole hour at 1/1.2 speed: 2/1.2 GPU-hours of service, all degraded.
     assert sum(o.delivered for o in outcomes) == pytest.approx(2 / 1.2 * HOUR)
     assert all(o.degraded_seconds == pytest.approx(o.service_seconds) for o in outcomes)
+
+
+def test_a_late_event_never_moves_the_clock_back() -> None:
+    model = WorkModel({"gpu-0": NodeGpus(2)})
+    model.start("a", 0.0, node="gpu-0", whole=1, slices=0, asked=1, busy=1.0, target=HOUR)
+    model.start("b", 2 * HOUR, node="gpu-0", whole=1, slices=0, asked=1, busy=1.0, target=HOUR)
+    # a's completion, noticed late, is booked at the clock (2h), not at 1h.
+    model.stop("a", HOUR)
+    times = [s.at for s in model.samples]
+    assert times == sorted(times)
+    assert model.samples[-1].allocated == 1
