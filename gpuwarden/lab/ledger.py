@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuwarden.lab.report import PodRecord, RowOutcome
@@ -199,11 +199,15 @@ class Ledger:
         state = self._rows[self._pods[record.name]]
         self.records[record.name] = record
         if record.refused is not None:
-            state.outcome.refused = True
-            state.over = True
-            state.pod = None
+            self._refused(state)
             return
         self._waiting(record, +1, record.created)
+
+    @staticmethod
+    def _refused(state: _Row) -> None:
+        state.outcome.refused = True
+        state.over = True
+        state.pod = None
 
     def refuse(self, name: str, reason: str) -> None:
         """The API server refused the pod of a Create that :meth:`created` recorded."""
@@ -211,10 +215,7 @@ class Ledger:
         if record.refused is None and record.bound is None:
             self._waiting(record, -1, record.created)
             record.refused = reason
-            state = self._rows[self._pods[name]]
-            state.outcome.refused = True
-            state.over = True
-            state.pod = None
+            self._refused(self._rows[self._pods[name]])
 
     def unschedulable(self, name: str) -> None:
         record = self.records.get(name)
@@ -271,9 +272,3 @@ class Ledger:
                 if record.bound is not None and record.ended is None:
                     self._stop(state, state.pod, self.horizon)
         return [state.outcome for state in self._rows.values()]
-
-    def outcomes(self) -> Iterable[RowOutcome]:
-        return (state.outcome for state in self._rows.values())
-
-    def rows_by_number(self) -> Mapping[int, TraceRow]:
-        return {n: s.row for n, s in self._rows.items()}

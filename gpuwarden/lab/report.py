@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,6 +322,30 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _wait_cell(report: StrategyReport, namespace: str) -> str:
+    w = report.waits.get(namespace, {})
+    return " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
+
+
+def _delivered_cell(report: StrategyReport, namespace: str) -> str:
+    t = report.tenants.get(namespace, {})
+    offered, delivered = t.get("offeredGpuHours", 0.0), t.get("deliveredGpuHours", 0.0)
+    share = f" ({delivered / offered:.0%})" if offered else ""
+    return f"{delivered:,.0f}{share}"
+
+
+def _tenant_grid(
+    reports: Sequence[StrategyReport],
+    namespaces: Sequence[str],
+    cell: Callable[[StrategyReport, str], str],
+) -> list[str]:
+    """A header of tenant namespaces, then a line per strategy of ``cell`` for each."""
+    lines = [f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces)]
+    for r in reports:
+        lines.append(f"{r.strategy:<18} " + " ".join(f"{cell(r, ns):>20}" for ns in namespaces))
+    return lines
+
+
 def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> str:
     """The terminal table: the trace's load, a line per strategy, then tenants' waits and
     delivered work."""
@@ -345,25 +369,10 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     lines.append("")
     lines.append("wait from creation to binding, p50 / p95 / p99 (simulated time; never placed:")
     lines.append("until it went away or the horizon):")
-    lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces))
-    for r in reports:
-        cells = []
-        for ns in namespaces:
-            w = r.waits.get(ns, {})
-            text = " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
-            cells.append(f"{text:>20}")
-        lines.append(f"{r.strategy:<18} " + " ".join(cells))
+    lines += _tenant_grid(reports, namespaces, _wait_cell)
     lines.append("")
     lines.append("GPU work delivered per tenant, GPU-hours (share of what it asked):")
-    lines.append(f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces))
-    for r in reports:
-        cells = []
-        for ns in namespaces:
-            t = r.tenants.get(ns, {})
-            offered, delivered = t.get("offeredGpuHours", 0.0), t.get("deliveredGpuHours", 0.0)
-            share = f" ({delivered / offered:.0%})" if offered else ""
-            cells.append(f"{f'{delivered:,.0f}{share}':>20}")
-        lines.append(f"{r.strategy:<18} " + " ".join(cells))
+    lines += _tenant_grid(reports, namespaces, _delivered_cell)
     lines.append("")
     for r in reports:
         lines.append(

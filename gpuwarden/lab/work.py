@@ -21,7 +21,7 @@ its progress reaches it; ``asked * progress`` is the GPU work it delivered.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 #: A physical GPU: (node name, index on the node).
@@ -82,6 +82,7 @@ class WorkModel:
         self._slots: dict[Gpu, int] = {}  # pods (whole: replicas) holding each GPU's slots
         self._on: dict[Gpu, set[str]] = {}
         self._running: dict[str, _Running] = {}
+        self._loads: dict[Gpu, float] = {}  # busy sum per GPU since the last event
         self._now = 0.0
         self.samples: list[Sample] = [Sample(0.0, 0.0, 0.0)]
         self.physical_gpus = sum(n.gpus for n in self._nodes.values())
@@ -182,17 +183,14 @@ class WorkModel:
             pod.progress += pod.speed * span
             if pod.target is not None:
                 pod.progress = min(pod.progress, pod.target)
-            if any(self._load(gpu) > 1.0 + 1e-9 for gpu in pod.gpus):
+            if any(self._loads.get(gpu, 0.0) > 1.0 + 1e-9 for gpu in pod.gpus):
                 pod.degraded += span
             pod.updated = at
         self._now = at
 
-    def _load(self, gpu: Gpu) -> float:
-        return sum(self._running[key].busy for key in self._on.get(gpu, ()))
-
     def _respeed(self, at: float) -> None:
         allocated = busy = 0.0
-        loads: dict[Gpu, float] = {}
+        loads = self._loads = {}
         for gpu, keys in self._on.items():
             if keys:
                 loads[gpu] = sum(self._running[k].busy for k in keys)
@@ -228,9 +226,6 @@ class WorkModel:
             ),
             default=None,
         )
-
-    def running(self) -> Iterable[str]:
-        return tuple(self._running)
 
     def placement(self, key: str) -> Sequence[Gpu]:
         pod = self._running.get(key)
