@@ -96,18 +96,20 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--real-time",
         type=float,
-        default=180.0,
+        default=360.0,
         metavar="SECONDS",
-        help="wall-clock seconds the whole trace is replayed in (default 180)",
+        help="wall-clock seconds the whole trace is replayed in (default 360)",
     )
     parser.add_argument("--horizon", help="simulated time to replay (default: the trace's end)")
     parser.add_argument("--nodes", type=int, default=8)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument(
         "--mps-nodes",
-        type=int,
-        default=2,
-        help="nodes that share GPUs through MPS, for strategies that share (default 2)",
+        type=_mps_nodes,
+        default=None,
+        metavar="N|auto",
+        help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
+        "as the strategy's shared pods ask for at most at once)",
     )
     parser.add_argument("--mps-replicas", type=int, default=4, help="MPS replicas per GPU")
     parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -117,6 +119,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("csv", "yaml"),
         help="print the trace that would be replayed, and exit",
     )
+
+
+def _mps_nodes(text: str) -> int | None:
+    if text.strip() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes or auto") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more (or auto)")
+    return value
 
 
 def _read(path: str) -> str:
@@ -196,7 +210,7 @@ def _namespaces(
 
 
 def _layout(args: argparse.Namespace) -> Layout:
-    if min(args.nodes, args.gpus_per_node, args.mps_replicas) < 1 or args.mps_nodes < 0:
+    if min(args.nodes, args.gpus_per_node, args.mps_replicas) < 1:
         raise InputError("--nodes, --gpus-per-node and --mps-replicas must be 1 or more")
     pools: tuple[GpuNodePool, ...] = ()
     if args.node_list:
@@ -310,7 +324,7 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": plan.layout.node_count,
                 "physicalGpus": plan.layout.physical_gpus,
                 "gpusPerNode": plan.layout.gpus_per_node,
-                "mpsNodes": plan.layout.mps_nodes,
+                "mpsNodes": "auto" if plan.layout.mps_nodes is None else plan.layout.mps_nodes,
                 "mpsReplicas": plan.layout.mps_replicas,
             },
             "strategies": [r.as_json() for r in reports],

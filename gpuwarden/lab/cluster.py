@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
 from gpuwarden.lab.nodes import POOL_LABEL, GpuNodePool
 from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE, lab_stages
+from gpuwarden.policy.packing import binpack_profile
 
 SCHEDULER_CONFIG_API = "kubescheduler.config.k8s.io/v1"
 #: API server flags of a lab control plane. TaintNodesByCondition taints every new node
@@ -38,8 +39,9 @@ _HTTP_CONFLICT = 409
 
 
 def scheduler_configuration(kubeconfig: Path) -> dict[str, Any]:
-    """KubeSchedulerConfiguration: the default profile, no leader election, and short backoff,
-    so a pod that became schedulable (a GPU freed) is retried within about a second."""
+    """KubeSchedulerConfiguration: the default profile and gpuwarden's packing profile (the one
+    the chart's second scheduler runs), no leader election, and short backoff, so a pod that
+    became schedulable (a GPU freed) is retried within about a second."""
     return {
         "apiVersion": SCHEDULER_CONFIG_API,
         "kind": "KubeSchedulerConfiguration",
@@ -47,6 +49,7 @@ def scheduler_configuration(kubeconfig: Path) -> dict[str, Any]:
         "leaderElection": {"leaderElect": False},
         "podInitialBackoffSeconds": 1,
         "podMaxBackoffSeconds": 1,
+        "profiles": [{"schedulerName": "default-scheduler"}, binpack_profile()],
     }
 
 

@@ -17,7 +17,11 @@ batch          a Katib experiment every few hours, trials of 1 GPU each for 1-3 
 ``builtin:busy-week`` (:func:`busy_week`) is the same tenants on a saturated week: more
 pipeline runs, notebooks and jobs, weekend work, and an HPO sweep always queued, so demand
 stays at or above 1.5x the GPUs for long stretches and the week's work is about all the
-cluster could do.
+cluster could do. Two more saturated weeks change the mix (each asks about the cluster's whole
+week, peak above 2x): ``builtin:training-week`` (:func:`training_week`) is large training,
+PyTorchJobs of 2-8 GPUs and pipeline training of 4-8, with few notebooks and trials;
+``builtin:interactive-week`` (:func:`interactive_week`) is many notebooks (60 a working day) and
+20 daytime predictors beside a queue of HPO trials.
 """
 
 from __future__ import annotations
@@ -54,10 +58,18 @@ class WeekShape:
     trials: tuple[int, int]
     trial_hours: tuple[float, float]
     job_hours: tuple[float, float]
+    job_gpus: tuple[int, ...] = (1, 2, 2, 4)  # drawn for each PyTorchJob
+    train_gpus: tuple[int, ...] = (2, 4, 8, 8)  # drawn for each pipeline's training step
 
 
 WEEK_SHAPE = WeekShape(10, 12, 14, 0, 2, (2, 6), (4, 16), (1, 3), (1, 4))
 BUSY_WEEK_SHAPE = WeekShape(22, 16, 32, 6, 4, (2.5, 4), (6, 12), (4, 8), (2, 8))
+#: Large training: 2-8 GPU PyTorchJobs and 4-8 GPU pipeline training, few notebooks and trials.
+TRAINING_WEEK_SHAPE = WeekShape(
+    18, 6, 24, 10, 2, (3, 6), (6, 12), (2, 6), (3, 10), job_gpus=(2, 4, 8), train_gpus=(4, 8, 8)
+)
+#: Interactive: many notebooks and daytime predictors beside a queue of HPO trials.
+INTERACTIVE_WEEK_SHAPE = WeekShape(12, 60, 26, 6, 20, (2, 3), (10, 16), (3, 8), (2, 6))
 
 
 def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
@@ -106,7 +118,7 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
                 busy=0.2,
                 run=run,
             )
-            gpus = rng.choice((2, 4, 8, 8))
+            gpus = rng.choice(shape.train_gpus)
             add(
                 start + etl * HOUR,
                 "data-team",
@@ -138,7 +150,7 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
                 "algo-team",
                 "training-job",
                 "experiment",
-                rng.choice((1, 2, 2, 4)),
+                rng.choice(shape.job_gpus),
                 rng.uniform(*shape.job_hours),
                 rng.uniform(20, 60),
                 checkpoint=0.5 * HOUR,
@@ -212,9 +224,21 @@ def busy_week() -> list[TraceRow]:
     return _generate(BUSY_WEEK_SHAPE, _SEED)
 
 
+def training_week() -> list[TraceRow]:
+    """``builtin:training-week``."""
+    return _generate(TRAINING_WEEK_SHAPE, _SEED)
+
+
+def interactive_week() -> list[TraceRow]:
+    """``builtin:interactive-week``."""
+    return _generate(INTERACTIVE_WEEK_SHAPE, _SEED)
+
+
 BUILTIN_TRACES: dict[str, Callable[[], list[TraceRow]]] = {
     "week": default_trace,
     "busy-week": busy_week,
+    "training-week": training_week,
+    "interactive-week": interactive_week,
 }
 
 

@@ -86,6 +86,7 @@ class Ledger:
             r.row: _Row(r, _outcome(r, self.horizon)) for r in self.rows if r.at < self.horizon
         }
         self._pods: dict[str, int] = {}  # pod name -> row
+        self._unborn: set[str] = set()  # services that ended before they were created
         self._timers: list[tuple[float, int, str, int]] = []
         self._seq = itertools.count()
         self._next_step: dict[int, TraceRow] = {}
@@ -128,7 +129,14 @@ class Ledger:
                 _, _, what, row = heapq.heappop(self._timers)
                 actions.extend(self._timer(what, self._rows[row], timer))
             else:
-                return actions
+                break
+        if not self._unborn:
+            return actions
+        # A service that arrived and ended within one call is never created.
+        unborn, self._unborn = self._unborn, set()
+        for name in unborn:
+            del self._pods[name]
+        return [a for a in actions if not (isinstance(a, Create) and a.name in unborn)]
 
     def _timer(self, what: str, state: _Row, at: float) -> list[Action]:
         if what == "end":
@@ -166,7 +174,10 @@ class Ledger:
         if name is None:
             return []
         state.pod = None
-        record = self.records[name]
+        record = self.records.get(name)
+        if record is None:  # its Create is in the same call of due(): drop it there
+            self._unborn.add(name)
+            return []
         record.ended = at
         if record.bound is None:
             self._waiting(record, -1, at)

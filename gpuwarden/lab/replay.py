@@ -251,6 +251,7 @@ class Replay:
             name=action.name,
             namespace=row.namespace,
             row=row.row,
+            kind=row.kind,
             created=self.now(),
             asked=row.gpus,
             attempt=action.attempt,

@@ -26,6 +26,7 @@ class PodRecord:
     namespace: str
     row: int
     created: float
+    kind: str = ""  # the row's workload kind
     asked: float = 0.0  # GPUs the row asks for
     whole: int = 0  # whole GPUs the decided pod asks for
     slices: int = 0  # MPS slices it asks for
@@ -128,6 +129,7 @@ class StrategyReport:
     memory_used_share: float | None
     waits: Mapping[str, Mapping[str, float | int | None]]
     wait_resolution: float | None
+    kind_waits: Mapping[str, Mapping[str, float | int | None]]
     offered_gpu_hours: float
     delivered_gpu_hours: float
     lost_gpu_hours: float
@@ -161,6 +163,7 @@ class StrategyReport:
             "memoryUsedShare": self.memory_used_share,
             "waitSeconds": {ns: dict(values) for ns, values in self.waits.items()},
             "waitResolutionSeconds": self.wait_resolution,
+            "waitSecondsByKind": {kind: dict(values) for kind, values in self.kind_waits.items()},
             "preemptions": self.preemptions,
             "lostGpuHours": self.lost_gpu_hours,
             "degradedServiceShare": self.degraded_service_share,
@@ -250,17 +253,7 @@ def summarize(
         span = min(record.ended if record.ended is not None else horizon, horizon) - record.bound
         allocated_bytes += record.memory_allocated * span
         used_bytes += min(record.memory_used, record.memory_allocated) * span
-    waits: dict[str, dict[str, float | int | None]] = {}
-    for namespace in sorted({r.namespace for r in pods}):
-        mine = [r for r in pods if r.namespace == namespace and r.refused is None]
-        waited = [_wait(r, horizon) for r in mine]
-        waits[namespace] = {
-            "placed": sum(1 for r in mine if r.bound is not None),
-            "p50": percentile(waited, 0.5),
-            "p95": percentile(waited, 0.95),
-            "p99": percentile(waited, 0.99),
-            "preempted": sum(1 for r in mine if r.preempted),
-        }
+    waits = _waits_by(pods, "namespace", horizon)
     first = [r.bound - r.created for r in pods if r.bound is not None and r.first_try]
     services = [o for o in rows if not o.batch]
     served = sum(o.service_seconds for o in services)
@@ -279,6 +272,7 @@ def summarize(
         memory_used_share=used_bytes / allocated_bytes if allocated_bytes else None,
         waits=waits,
         wait_resolution=percentile(first, 0.95),
+        kind_waits=_waits_by(pods, "kind", horizon),
         offered_gpu_hours=_hours(sum(o.offered for o in rows)),
         delivered_gpu_hours=_hours(sum(o.delivered for o in rows)),
         lost_gpu_hours=_hours(sum(o.lost for o in rows)),
@@ -298,6 +292,24 @@ def summarize(
     )
 
 
+def _waits_by(
+    pods: Sequence[PodRecord], key: str, horizon: float
+) -> dict[str, dict[str, float | int | None]]:
+    """Wait percentiles of the pods gpuwarden let through, by tenant namespace or kind."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    for value in sorted({getattr(r, key) for r in pods}):
+        mine = [r for r in pods if getattr(r, key) == value and r.refused is None]
+        waited = [_wait(r, horizon) for r in mine]
+        out[value] = {
+            "placed": sum(1 for r in mine if r.bound is not None),
+            "p50": percentile(waited, 0.5),
+            "p95": percentile(waited, 0.95),
+            "p99": percentile(waited, 0.99),
+            "preempted": sum(1 for r in mine if r.preempted),
+        }
+    return out
+
+
 def _duration(seconds: float | int | None) -> str:
     """Minutes under an hour, hours above (simulated time)."""
     if seconds is None:
@@ -308,6 +320,8 @@ def _duration(seconds: float | int | None) -> str:
 
 
 _NOTE_LIMIT = 200
+#: Kinds whose users wait at a screen: their waits get a line of their own.
+INTERACTIVE_KINDS = ("notebook", "kserve-predictor")
 
 
 def load_line(load: TraceLoad) -> str:
@@ -327,6 +341,11 @@ def _wait_cell(report: StrategyReport, namespace: str) -> str:
     return " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
 
 
+def _kind_wait_cell(report: StrategyReport, kind: str) -> str:
+    w = report.kind_waits.get(kind, {})
+    return " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
+
+
 def _delivered_cell(report: StrategyReport, namespace: str) -> str:
     t = report.tenants.get(namespace, {})
     offered, delivered = t.get("offeredGpuHours", 0.0), t.get("deliveredGpuHours", 0.0)
@@ -334,15 +353,16 @@ def _delivered_cell(report: StrategyReport, namespace: str) -> str:
     return f"{delivered:,.0f}{share}"
 
 
-def _tenant_grid(
+def _grid(
     reports: Sequence[StrategyReport],
-    namespaces: Sequence[str],
+    columns: Sequence[str],
     cell: Callable[[StrategyReport, str], str],
 ) -> list[str]:
-    """A header of tenant namespaces, then a line per strategy of ``cell`` for each."""
-    lines = [f"{'strategy':<18} " + " ".join(f"{ns:>20}" for ns in namespaces)]
+    """A header of columns (tenant namespaces or kinds), then a line per strategy of ``cell``
+    for each."""
+    lines = [f"{'strategy':<18} " + " ".join(f"{c:>20}" for c in columns)]
     for r in reports:
-        lines.append(f"{r.strategy:<18} " + " ".join(f"{cell(r, ns):>20}" for ns in namespaces))
+        lines.append(f"{r.strategy:<18} " + " ".join(f"{cell(r, c):>20}" for c in columns))
     return lines
 
 
@@ -369,10 +389,15 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     lines.append("")
     lines.append("wait from creation to binding, p50 / p95 / p99 (simulated time; never placed:")
     lines.append("until it went away or the horizon):")
-    lines += _tenant_grid(reports, namespaces, _wait_cell)
+    lines += _grid(reports, namespaces, _wait_cell)
+    interactive = [k for k in INTERACTIVE_KINDS if any(k in r.kind_waits for r in reports)]
+    if interactive:
+        lines.append("")
+        lines.append("interactive waits by kind, p50 / p95 / p99:")
+        lines += _grid(reports, interactive, _kind_wait_cell)
     lines.append("")
     lines.append("GPU work delivered per tenant, GPU-hours (share of what it asked):")
-    lines += _tenant_grid(reports, namespaces, _delivered_cell)
+    lines += _grid(reports, namespaces, _delivered_cell)
     lines.append("")
     for r in reports:
         lines.append(

@@ -6,12 +6,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
 from gpuwarden.lab.controlplane import Tools
 from gpuwarden.lab.replay import Replay, Stopped
 from gpuwarden.lab.report import PodRecord, StrategyReport, TraceLoad, summarize, trace_load
+from gpuwarden.lab.sizing import mps_nodes_for, shared_demand
 from gpuwarden.lab.strategies import Layout, Strategy
 from gpuwarden.lab.trace import TraceRow
 
@@ -46,27 +47,43 @@ def progress_line(done: float, horizon: float, running: int, starting: int = 0) 
     )
 
 
-def layout_notes(strategy: Strategy, layout: Layout) -> list[str]:
-    if strategy.shares and layout.mps_nodes == 0:
-        return ["it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"]
-    return []
+def strategy_layout(plan: Plan, strategy: Strategy) -> tuple[Layout, list[str]]:
+    """The plan's layout with the strategy's MPS nodes resolved (sized to its shared demand when
+    the plan leaves them open), and notes on them."""
+    layout = plan.layout
+    if not strategy.shares:
+        return replace(layout, mps_nodes=0), []
+    if layout.mps_nodes is not None:
+        if layout.mps_nodes == 0:
+            return layout, [
+                "it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"
+            ]
+        return layout, []
+    slices = shared_demand(strategy, plan.rows, plan.namespaces)
+    nodes = mps_nodes_for(slices, layout.mps_gpus_per_node, layout.mps_replicas)
+    note = (
+        f"MPS nodes sized to its shared demand: {nodes} (at most {slices} slices asked at once, "
+        f"{layout.mps_replicas} per GPU)"
+    )
+    return replace(layout, mps_nodes=nodes), [note]
 
 
 def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[StrategyReport]:
     """Replay every strategy (in parallel); Ctrl-C stops all of them, their processes too."""
     stop = threading.Event()
+    layouts = [strategy_layout(plan, strategy) for strategy in plan.strategies]
     replays = [
         Replay(
             strategy,
             plan.rows,
             tools=tools,
-            layout=plan.layout,
+            layout=layout,
             namespaces=plan.namespaces,
             horizon=plan.horizon,
             scale=plan.scale,
             stop=stop,
         )
-        for strategy in plan.strategies
+        for strategy, (layout, _) in zip(plan.strategies, layouts, strict=True)
     ]
     bar = progress if progress is not None and progress.isatty() else None
     with ThreadPoolExecutor(max_workers=len(replays), thread_name_prefix="replay") as pool:
@@ -94,10 +111,12 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
             error = future.exception()
             if error is not None and not isinstance(error, Stopped):
                 raise error
-    return [report(replay, plan) for replay in replays]
+    return [
+        report(replay, plan, notes) for replay, (_, notes) in zip(replays, layouts, strict=True)
+    ]
 
 
-def report(replay: Replay, plan: Plan) -> StrategyReport:
+def report(replay: Replay, plan: Plan, layout_notes: Sequence[str] = ()) -> StrategyReport:
     samples = replay.model.samples
     return summarize(
         replay.strategy.name,
@@ -108,7 +127,7 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
         allocated=[(s.at, s.allocated) for s in samples],
         busy=[(s.at, s.busy) for s in samples],
         pending=replay.ledger.backlog,
-        notes=(*replay.strategy.notes, *layout_notes(replay.strategy, plan.layout)),
+        notes=(*replay.strategy.notes, *layout_notes),
     )
 
 

@@ -1,10 +1,12 @@
 """Strategies `gpuwarden simulate` compares: each a policy set (or none) and the GPU nodes the
 lab gives it.
 
-The lab runs the default scheduler only, so every policy is simulated on the backends it can
-schedule for real: a Volcano or HAMi backend becomes ``nvidia`` with shared slices advertised as
+The lab runs kube-scheduler only, so every policy is simulated on the backends it can schedule
+for real: a Volcano or HAMi backend becomes ``nvidia`` with shared slices advertised as
 ``nvidia.com/gpu.shared`` (NVIDIA's device plugin, MPS, ``renameByDefault``) on the lab's MPS
-nodes. What Volcano or HAMi would decide differently (queues, gang scheduling, packing by GPU
+nodes, scheduled by the packing profile (:data:`~gpuwarden.policy.packing.BINPACK_SCHEDULER`):
+the chart configures Volcano's ``binpack`` plugin to weigh GPUs, and HAMi's node policy packs by
+default. What Volcano or HAMi would decide differently (queues, gang scheduling, packing by GPU
 memory instead of a fixed replica count) is not simulated; the strategy's notes say so.
 """
 
@@ -20,11 +22,13 @@ import yaml
 from gpuwarden.lab.nodes import GpuNodePool
 from gpuwarden.policy import PolicySet, load_texts
 from gpuwarden.policy.loader import policy_files
+from gpuwarden.policy.packing import BINPACK_SCHEDULER
 
 #: The backend every simulated policy runs on (see the module docstring).
 LAB_BACKEND: Mapping[str, str] = {
     "type": "nvidia",
     "sharedResourceName": "nvidia.com/gpu.shared",
+    "schedulerName": BINPACK_SCHEDULER,
 }
 _UNSCHEDULABLE_BACKENDS = ("volcano", "hami")
 
@@ -54,11 +58,12 @@ spec:
 class Layout:
     """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs, or the given
     ``node_pools`` (a trace's node list); for a strategy that shares GPUs, ``mps_nodes`` of
-    them share each GPU among ``mps_replicas`` pods."""
+    them share each GPU among ``mps_replicas`` pods (None: as many as the strategy's shared
+    demand needs, see :mod:`gpuwarden.lab.sizing`; resolved per strategy before a replay)."""
 
     nodes: int = 8
     gpus_per_node: int = 8
-    mps_nodes: int = 2
+    mps_nodes: int | None = None
     mps_replicas: int = 4
     gpu_memory_mib: int = 81559  # an H100 80GB as GFD reports it
     node_pools: tuple[GpuNodePool, ...] = ()
@@ -70,13 +75,21 @@ class Layout:
         return self.nodes * self.gpus_per_node
 
     @property
+    def mps_gpus_per_node(self) -> int:
+        """GPUs of each node that would become an MPS node first."""
+        if self.node_pools:
+            first = min(self.node_pools, key=lambda p: (-p.count, p.name))
+            return first.gpus_per_node
+        return self.gpus_per_node
+
+    @property
     def node_count(self) -> int:
         return sum(p.count for p in self.node_pools) if self.node_pools else self.nodes
 
     def pools(self, shares: bool) -> list[GpuNodePool]:
         if self.node_pools:
             return self._split(shares)
-        mps = min(self.mps_nodes, self.nodes) if shares else 0
+        mps = min(self.mps_nodes or 0, self.nodes) if shares else 0
         pools = [
             GpuNodePool(
                 "gpu", self.nodes - mps, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib
@@ -98,7 +111,7 @@ class Layout:
     def _split(self, shares: bool) -> list[GpuNodePool]:
         """The given pools; sharing, the first ``mps_nodes`` nodes of the largest pools
         (most nodes first) become MPS pools named ``<pool>-mps``."""
-        left = min(self.mps_nodes, self.node_count) if shares else 0
+        left = min(self.mps_nodes or 0, self.node_count) if shares else 0
         out: list[GpuNodePool] = []
         for pool in sorted(self.node_pools, key=lambda p: (-p.count, p.name)):
             mps = min(left, pool.count)
@@ -135,7 +148,8 @@ def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
     if isinstance(backend, Mapping) and backend.get("type") in _UNSCHEDULABLE_BACKENDS:
         notes.append(
             f"{where}: backend {backend['type']} simulated as nvidia (MPS replicas as "
-            "nvidia.com/gpu.shared); its own scheduler is not"
+            f"nvidia.com/gpu.shared) on kube-scheduler's packing profile {BINPACK_SCHEDULER}; "
+            "its own scheduler is not"
         )
         return dict(LAB_BACKEND)
     return backend

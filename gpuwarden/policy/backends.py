@@ -99,20 +99,35 @@ def _hami(backend: HamiBackend, profile: ResolvedProfile) -> BackendPlan:
     return BackendPlan(backend.scheduler_name, resources)
 
 
+def _own_scheduler(name: str) -> str | None:
+    """The schedulerName to set: none for the default scheduler, so a pod keeps its own."""
+    return None if name == DEFAULT_SCHEDULER else name
+
+
 def _nvidia(backend: NvidiaBackend, profile: ResolvedProfile) -> BackendPlan:
     if not profile.gpu_share:
-        return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, shared=False)
+        return BackendPlan(
+            _own_scheduler(backend.scheduler_name),
+            {"nvidia.com/gpu": str(profile.gpus)},
+            shared=False,
+        )
     return BackendPlan(
-        None, {backend.shared_resource_name: str(profile.gpus)}, env=_mps_env(profile)
+        _own_scheduler(backend.scheduler_name),
+        {backend.shared_resource_name: str(profile.gpus)},
+        env=_mps_env(profile),
     )
 
 
 def _native(backend: NativeBackend, profile: ResolvedProfile) -> BackendPlan:
-    del backend
     notes: tuple[str, ...] = ()
     if profile.gpu_share:
         notes = ("the native backend cannot share GPUs, so the pod gets whole GPUs",)
-    return BackendPlan(None, {"nvidia.com/gpu": str(profile.gpus)}, notes=notes, shared=False)
+    return BackendPlan(
+        _own_scheduler(backend.scheduler_name),
+        {"nvidia.com/gpu": str(profile.gpus)},
+        notes=notes,
+        shared=False,
+    )
 
 
 def shared_slices_per_container(profile: ResolvedProfile) -> int | None:

@@ -63,7 +63,7 @@ def lint_warnings(policies: PolicySet) -> list[str]:
             warnings.append(
                 f"rule {rule.name}: never matches, rule {seen_catch_all[kind]} takes every {kind} first"
             )
-        elif kind != "selector" and not _filters(rule.match):
+        elif kind != "selector" and not _filters(rule.match) and rule.max_gpu_request is None:
             seen_catch_all[kind] = rule.name
     return warnings
 

@@ -156,6 +156,11 @@ class NvidiaBackend(_BackendBase):
     """Default scheduler with NVIDIA's device plugin sharing GPUs through MPS."""
 
     type: Literal["nvidia"] = "nvidia"
+    scheduler_name: str = Field(
+        default="default-scheduler",
+        description="The kube-scheduler profile for governed pods (gpuwarden-binpack: the "
+        "chart's packing profile); default-scheduler leaves the pod's own",
+    )
     shared_resource_name: str = Field(
         default="nvidia.com/gpu",
         description="Resource that shared replicas are advertised as (nvidia.com/gpu.shared "
@@ -167,6 +172,11 @@ class NativeBackend(_BackendBase):
     """Default scheduler, whole GPUs only through nvidia.com/gpu."""
 
     type: Literal["native"] = "native"
+    scheduler_name: str = Field(
+        default="default-scheduler",
+        description="The kube-scheduler profile for governed pods (gpuwarden-binpack: the "
+        "chart's packing profile); default-scheduler leaves the pod's own",
+    )
 
 
 BackendName = Literal["volcano", "hami", "nvidia", "native"]
@@ -381,6 +391,14 @@ class WorkloadRule(StrictModel):
         default=False,
         description="Match only pods that already ask for a GPU (a CPU-only notebook keeps "
         "no GPU); false gives the profile to every matching pod, as pipeline steps by name",
+    )
+    max_gpu_request: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Match only pods whose containers each ask for at most this many GPUs (a "
+        "1-GPU predictor shares, a 2-GPU one falls through to the next rule); implies "
+        "requireGpuRequest",
     )
 
     @model_validator(mode="after")

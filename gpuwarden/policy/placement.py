@@ -18,6 +18,7 @@ from gpuwarden.policy.resources import (
     annotations_of,
     containers,
     labels_of,
+    largest_gpu_request,
     requests_gpu,
 )
 from gpuwarden.policy.workloads import SIDECARS, Workload, identify
@@ -70,6 +71,7 @@ class Placement:
     rules_tried: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
     facts: PodFacts | None = None
     asks_for_gpu: bool = False
+    largest_request: int | None = None  # the most GPUs one container asks for
     # One per target container, in the order of `containers`; `grant` is the one with the most
     # GPUs (its annotations describe the pod).
     container_grants: tuple[ContainerGrant, ...] = ()
@@ -84,7 +86,8 @@ class Placement:
         if self.facts is None:
             return ()
         return tuple(
-            (rule.name, _judge(rule, self.facts, self.asks_for_gpu)) for rule, _ in self.rules_tried
+            (rule.name, _judge(rule, self.facts, self.asks_for_gpu, self.largest_request))
+            for rule, _ in self.rules_tried
         )
 
     @property
@@ -99,10 +102,25 @@ class Placement:
         return self.source
 
 
-def _judge(rule: WorkloadRule, facts: PodFacts, asks_for_gpu: bool) -> MatchResult:
+def _judge(
+    rule: WorkloadRule, facts: PodFacts, asks_for_gpu: bool, largest_request: int | None
+) -> MatchResult:
     result = match(rule.match, facts)
-    if result.matched and rule.require_gpu_request and not asks_for_gpu:
+    if not result.matched:
+        return result
+    wants_gpu = rule.require_gpu_request or rule.max_gpu_request is not None
+    if wants_gpu and not asks_for_gpu:
         return MatchResult(False, f"{result.reason}, but it asks for no GPU")
+    limit = rule.max_gpu_request
+    if limit is not None and (largest_request is None or largest_request > limit):
+        asked = (
+            "a GPU count that is not a whole number"
+            if largest_request is None
+            else f"{largest_request} GPUs"
+        )
+        return MatchResult(
+            False, f"{result.reason}, but a container asks for {asked} (the rule: at most {limit})"
+        )
     return result
 
 
@@ -228,6 +246,7 @@ def place(
     facts = PodFacts(namespace, namespace_labels, labels, annotations, workload)
 
     asks_for_gpu = requests_gpu(pod)
+    largest_request = largest_gpu_request(pod) if asks_for_gpu else None
 
     def placed(
         source: Source,
@@ -260,6 +279,7 @@ def place(
             rules_tried=policies.rules[:tried],
             facts=facts,
             asks_for_gpu=asks_for_gpu,
+            largest_request=largest_request,
             container_grants=granted,
         )
 
@@ -269,7 +289,10 @@ def place(
         return placed("label", None, profile_name, (problem,) if problem else ())
 
     for index, (rule, _policy) in enumerate(policies.rules):
-        if not may_match(rule.match, facts) or not _judge(rule, facts, asks_for_gpu).matched:
+        if (
+            not may_match(rule.match, facts)
+            or not _judge(rule, facts, asks_for_gpu, largest_request).matched
+        ):
             continue
         if rule.skip:
             return placed("skip", rule, None, tried=index + 1)

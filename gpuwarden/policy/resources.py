@@ -142,3 +142,13 @@ def containers(pod: Mapping[str, Any], *fields: str) -> Iterator[ContainerRef]:
 
 def requests_gpu(pod: Mapping[str, Any]) -> bool:
     return any(ref.asks_for_gpu() for ref in containers(pod))
+
+
+def largest_gpu_request(pod: Mapping[str, Any]) -> int | None:
+    """The most GPUs any one container asks for (None: none asks, or a count is not whole; the
+    grant names that field)."""
+    try:
+        counts = [ref.asked_gpus() for ref in containers(pod)]
+    except QuantityError:
+        return None
+    return max((c for c in counts if c is not None), default=None)

@@ -95,3 +95,12 @@ def _documents(text: str) -> Iterable[dict[str, Any]]:
 
 def values_files() -> list[str]:
     return sorted(path.name for path in VALUES.glob("*.yaml"))
+
+
+def assert_restricted(context: Mapping[str, Any]) -> None:
+    """A container securityContext that passes the restricted Pod Security Standard."""
+    assert context["runAsNonRoot"] is True
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    assert context["seccompProfile"] == {"type": "RuntimeDefault"}

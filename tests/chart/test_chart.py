@@ -31,6 +31,7 @@ from .support import (
     FULLNAME,
     NAMESPACE,
     Rendering,
+    assert_restricted,
     helm_args,
     run_helm,
     template,
@@ -363,7 +364,10 @@ def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     policies = next(v for v in pod["volumes"] if v["name"] == "policies")
     assert "subPath" not in mounts["policies"]  # subPath mounts never see ConfigMap updates
-    assert policies["configMap"]["name"] == default.one("ConfigMap")["metadata"]["name"]
+    assert (
+        policies["configMap"]["name"]
+        == default.one("ConfigMap", f"{FULLNAME}-policies")["metadata"]["name"]
+    )
 
 
 def test_webhook_runs_unprivileged(renderings: dict[str, Rendering]) -> None:
@@ -371,12 +375,7 @@ def test_webhook_runs_unprivileged(renderings: dict[str, Rendering]) -> None:
         pod = renderings[name].one("Deployment")["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in [*pod.get("initContainers", []), *pod["containers"]]:
-            context = container["securityContext"]
-            assert context["runAsNonRoot"] is True
-            assert context["readOnlyRootFilesystem"] is True
-            assert context["allowPrivilegeEscalation"] is False
-            assert context["capabilities"] == {"drop": ["ALL"]}
-            assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+            assert_restricted(container["securityContext"])
 
 
 def test_node_agent_can_leave_the_mps_daemon_to_the_device_plugin() -> None:
@@ -449,7 +448,7 @@ def test_rbac_verbs(default: Rendering) -> None:
 def _policy_volume(rendering: Rendering, directory: Path) -> Path:
     """The policies ConfigMap as the webhook sees it: one file per key in a directory."""
     directory.mkdir(parents=True, exist_ok=True)
-    for key, text in rendering.one("ConfigMap")["data"].items():
+    for key, text in rendering.one("ConfigMap", f"{FULLNAME}-policies")["data"].items():
         (directory / key).write_text(text)
     return directory
 

@@ -108,6 +108,51 @@ def test_exclusive_profile_lands_on_whole_gpus(lab: Lab) -> None:
     assert _node(read_pod(lab.api, *_name(third))) == ""
 
 
+PAIR = GpuNodePool("pair", count=2, gpus_per_node=4)
+PACKED = {"lab.gpuwarden.io/packed": "true"}
+
+
+def _with_cpus(pod: Obj, cpus: int) -> Obj:
+    """The pod asking for ``cpus`` CPUs per GPU, as a real training or serving pod does."""
+    container = pod["spec"]["containers"][0]
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    container["resources"]["requests"] = {"cpu": str(cpus * gpus)}
+    return pod
+
+
+def _one_gpu_pods_then_four(lab: Lab, kind: str, **kwargs: Any) -> tuple[list[Obj], Obj]:
+    """Four one-GPU pods of ``kind`` placed one after another on two 4-GPU nodes, then a pod
+    asking for four GPUs (on the packing profile either way)."""
+    lab.add_pools([PAIR])
+    ns = lab.tenant_namespace()
+    small = []
+    for i in range(4):
+        pod = _with_cpus(_pod(kind, ns, workload=f"small{i}", **kwargs), 8)
+        small.append(_running(lab, _create(lab, pod)))
+    big = _with_cpus(_pod("training-job", ns, 4, labels=PACKED, workload="big"), 8)
+    return small, _create(lab, big)
+
+
+def test_default_scoring_spreads_one_gpu_pods_and_a_four_gpu_pod_finds_no_node(lab: Lab) -> None:
+    """Predictors (inference: 1 whole GPU) on the default profile: LeastAllocated spreads them
+    two per node (by the CPUs they ask), and no node keeps four GPUs free."""
+    small, big = _one_gpu_pods_then_four(lab, "kserve-predictor")
+    assert all(p["spec"]["schedulerName"] == "default-scheduler" for p in small)
+    assert sorted(_node(p) for p in small) == ["pair-0", "pair-0", "pair-1", "pair-1"]
+    assert "Insufficient nvidia.com/gpu" in _unschedulable(lab, big)
+
+
+def test_packing_profile_keeps_a_whole_node_free_for_a_four_gpu_pod(lab: Lab) -> None:
+    """The same pods on the packing profile fill one node; the 4-GPU pod gets the other."""
+    small, big = _one_gpu_pods_then_four(lab, "training-job", labels=PACKED)
+    assert all(p["spec"]["schedulerName"] == "gpuwarden-binpack" for p in small)
+    assert all(_limits(p) == {"nvidia.com/gpu": "1"} for p in small)
+    assert len({_node(p) for p in small}) == 1
+    placed = _running(lab, big)
+    assert _limits(placed) == {"nvidia.com/gpu": "4"}
+    assert _node(placed) not in {_node(p) for p in small}
+
+
 def test_shared_profile_packs_pods_onto_one_gpu_up_to_the_replica_count(lab: Lab) -> None:
     """Four notebooks (light-training, shared) on one GPU with four MPS replicas; the fifth waits."""
     lab.add_pools([MPS, WHOLE])

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 
 from gpuwarden.cli import main
-from gpuwarden.lab.defaulttrace import NAMESPACES, WEEK, busy_week, default_trace
+from gpuwarden.lab.defaulttrace import (
+    NAMESPACES,
+    WEEK,
+    busy_week,
+    default_trace,
+    interactive_week,
+    training_week,
+)
 from gpuwarden.lab.replay import pod_allocation
 from gpuwarden.lab.report import PodRecord, RowOutcome, percentile, summarize, table, trace_load
 from gpuwarden.lab.strategies import LAB_BACKEND, Layout, builtin_strategies
-from gpuwarden.lab.trace import DEFAULT_BUSY, TraceError, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.trace import (
+    DEFAULT_BUSY,
+    TraceError,
+    TraceRow,
+    parse_seconds,
+    parse_trace,
+    trace_csv,
+)
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 
@@ -341,9 +356,12 @@ def test_bad_new_columns_are_named(rows: list[str], message: str) -> None:
     assert message in str(raised.value)
 
 
-def test_builtin_busy_week_saturates_the_cluster() -> None:
-    rows = busy_week()
-    assert rows == busy_week(), "generated from a fixed seed"
+@pytest.mark.parametrize("generate", [busy_week, training_week, interactive_week])
+def test_builtin_saturated_weeks_saturate_the_cluster(
+    generate: Callable[[], list[TraceRow]],
+) -> None:
+    rows = generate()
+    assert rows == generate(), "generated from a fixed seed"
     assert {r.namespace for r in rows} == set(NAMESPACES)
     load = trace_load(((r.at, r.duration, r.gpus) for r in rows), physical_gpus=64, horizon=WEEK)
     assert load.offered_load >= 0.9
@@ -357,6 +375,24 @@ def test_builtin_busy_week_saturates_the_cluster() -> None:
     # Every pipeline's training step follows its data-loading step in one run.
     runs = {r.run for r in rows if r.namespace == "data-team"}
     assert None not in runs and len(runs) * 2 == sum(r.namespace == "data-team" for r in rows)
+
+
+def test_the_saturated_weeks_differ_in_their_mix() -> None:
+    def share(rows: list[TraceRow], keep: Callable[[TraceRow], bool]) -> float:
+        return sum(r.gpus * r.duration for r in rows if keep(r)) / sum(
+            r.gpus * r.duration for r in rows
+        )
+
+    def large(r: TraceRow) -> bool:
+        return r.gpus >= 4
+
+    def interactive(r: TraceRow) -> bool:
+        return r.kind in ("notebook", "kserve-predictor")
+
+    busy, training, mixed = busy_week(), training_week(), interactive_week()
+    assert share(training, large) > 0.7 > share(busy, large)
+    assert share(mixed, interactive) > 0.3 > share(busy, interactive)
+    assert sum(r.kind == "notebook" for r in mixed) == 5 * 60
 
 
 def test_simulate_names_an_unknown_builtin_trace(capsys: pytest.CaptureFixture[str]) -> None:

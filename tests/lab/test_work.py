@@ -8,7 +8,7 @@ from decimal import Decimal
 import pytest
 
 from gpuwarden.lab.ledger import BATCH_BACKOFF, Complete, Create, Ledger, Withdraw
-from gpuwarden.lab.report import PodRecord, summarize
+from gpuwarden.lab.report import PodRecord, summarize, table
 from gpuwarden.lab.trace import TraceRow
 from gpuwarden.lab.work import NodeGpus, WorkModel
 
@@ -131,6 +131,7 @@ def _record(action: Create, now: float, *, whole: int = 0, slices: int = 0) -> P
         action.row.namespace,
         action.row.row,
         created=now,
+        kind=action.row.kind,
         asked=action.row.gpus,
         whole=whole if whole or slices else action.row.devices,
         slices=slices,
@@ -212,6 +213,9 @@ def test_a_service_is_wanted_for_its_lifetime_and_withdrawn_if_still_waiting() -
     # The predictor waited 15 minutes, the notebook its whole hour (never placed).
     assert report.waits["team"]["p50"] == pytest.approx(0.25 * HOUR)
     assert report.waits["team"]["p95"] == pytest.approx(HOUR)
+    assert report.kind_waits["kserve-predictor"]["p95"] == pytest.approx(0.25 * HOUR)
+    assert report.kind_waits["notebook"]["p50"] == pytest.approx(HOUR)
+    assert "interactive waits by kind" in table([report])
     assert report.never_placed == 1
     assert report.offered_gpu_hours == pytest.approx(3.0)
     assert report.delivered_gpu_hours == pytest.approx(1.75)
@@ -221,6 +225,18 @@ def test_a_service_is_wanted_for_its_lifetime_and_withdrawn_if_still_waiting() -
     # Pending GPUs: 1 for the first 15 min, 1 from 1h to 2h.
     assert report.pending[:3] == pytest.approx((0.25, 1.0, 0.0))
     assert report.degraded_service_share == 0
+
+
+def test_a_service_that_ends_before_the_replay_created_it_is_never_created() -> None:
+    # A one-second service, and a replay that looks only after it ended: no pod, no KeyError.
+    brief = _row(1, "kserve-predictor", hours=1 / 3600, busy=0.3, name="blip")
+    later = _row(2, "notebook", at=HOUR, hours=1, busy=0.1, name="nb")
+    ledger = Ledger([brief, later], WorkModel({"gpu-0": NodeGpus(1)}), horizon=4 * HOUR)
+    assert ledger.due(60.0) == []
+    (create,) = ledger.due(HOUR)
+    assert isinstance(create, Create) and create.row.row == 2
+    outcomes = {o.row: o for o in ledger.finish()}
+    assert outcomes[1].delivered == 0
 
 
 def test_services_on_an_oversubscribed_gpu_count_as_degraded() -> None:

@@ -6,7 +6,7 @@ import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, load_paths
 
-from .support import POLICIES, namespace_labels
+from .support import EXAMPLES, POLICIES, namespace_labels
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +17,9 @@ def default_policies() -> PolicySet:
 @pytest.fixture(scope="session")
 def cluster() -> ClusterView:
     return ClusterView(namespace_labels=namespace_labels())
+
+
+@pytest.fixture(scope="session")
+def classic_policies() -> PolicySet:
+    """The old default (examples/policies): pipeline steps with fixed GPU counts, 0 included."""
+    return load_paths([EXAMPLES / "policies" / "kubeflow-classic.yaml"])

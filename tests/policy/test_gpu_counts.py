@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, admitted_gpu_memory, mutate
+from gpuwarden.policy.lint import lint_warnings
 from gpuwarden.policy.placement import place
 
 from .support import REPO, apply_ops, container, create, example, gpu_pod, policies_from, read_yaml
@@ -353,3 +354,62 @@ def test_the_one_gpu_examples_are_unchanged(
         pod = copy.deepcopy(example(name))
         out = dict(admit(create(pod), default_policies, cluster).pod)
         assert container(out, target)["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+SIZED_RULES = """
+backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared}
+profiles:
+  - {name: shared, maxMemory: 16Gi}
+  - {name: whole, gpuShare: false, maxMemory: 80Gi}
+workloads:
+  - {name: small, match: {kind: selector, labels: {matchLabels: {app: serve}}}, profile: shared,
+     maxGpuRequest: 1}
+  - {name: large, match: {kind: selector, labels: {matchLabels: {app: serve}}}, profile: whole}
+tenants:
+  - {name: team, namespaces: [team]}
+"""
+
+
+@pytest.mark.parametrize(
+    ("gpus", "rule", "resource", "count"),
+    [("1", "small", "nvidia.com/gpu.shared", "1"), ("2", "large", "nvidia.com/gpu", "2")],
+)
+def test_max_gpu_request_sends_a_larger_pod_to_the_next_rule(
+    gpus: str, rule: str, resource: str, count: str
+) -> None:
+    policies = policies_from(SIZED_RULES)
+    pod = gpu_pod(labels={"app": "serve"}, gpus=gpus)
+    decision = mutate(create(pod), policies, CLUSTER)
+    assert decision.allowed, decision.message
+    limits = resources(apply_ops(pod, decision))["limits"]
+    assert limits[resource] == count
+    assert place(pod, "team", {}, policies).rule.name == rule  # type: ignore[union-attr]
+
+
+def test_max_gpu_request_says_why_a_rule_did_not_match() -> None:
+    policies = policies_from(SIZED_RULES)
+    placement = place(gpu_pod(labels={"app": "serve"}, gpus="2"), "team", {}, policies)
+    reasons = dict(placement.trace)
+    assert "a container asks for 2 GPUs (the rule: at most 1)" in reasons["small"].reason
+    assert reasons["large"].matched
+
+
+def test_max_gpu_request_needs_a_gpu_request() -> None:
+    policies = policies_from(SIZED_RULES)
+    placement = place(gpu_pod(labels={"app": "serve"}, gpus=None), "team", {}, policies)
+    assert placement.rule is not None and placement.rule.name == "large"
+    assert "asks for no GPU" in dict(placement.trace)["small"].reason
+
+
+def test_lint_flags_a_rule_behind_a_catch_all_but_not_behind_a_sized_one() -> None:
+    spec = """
+profiles:
+  - {name: shared, maxMemory: 16Gi}
+  - {name: whole, gpuShare: false, maxMemory: 80Gi}
+workloads:
+  - {name: small, match: {kind: kserve-predictor}, profile: shared, maxGpuRequest: 1}
+  - {name: large, match: {kind: kserve-predictor}, profile: whole}
+  - {name: never, match: {kind: kserve-predictor}, profile: whole}
+"""
+    shadowed = [w for w in lint_warnings(policies_from(spec)) if "never matches" in w]
+    assert shadowed == ["rule never: never matches, rule large takes every kserve-predictor first"]

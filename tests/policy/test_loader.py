@@ -446,6 +446,7 @@ def test_tenant_override_applies_only_to_that_tenant(default_policies: PolicySet
         Decimal(80 * GI),
     )
     assert (b.gpus, b.host_memory, b.gpu_share, b.max_memory) == (2, "16Gi", True, Decimal(40 * GI))
-    assert (plain.gpus, plain.host_memory, plain.gpu_share) == (4, "32Gi", False)
+    # The default keeps a step's own count (gpus unset): 1 is what a step naming none gets.
+    assert (plain.gpus, plain.host_memory, plain.gpu_share) == (1, "32Gi", False)
     assert a.overridden == ("gpus", "hostMemory")
     assert plain.overridden == ()

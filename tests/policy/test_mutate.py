@@ -170,11 +170,11 @@ def test_tenant_b_training_override_shares_two_gpus(
 
 
 def test_a_profile_without_gpus_removes_the_gpu(
-    default_policies: PolicySet, cluster: ClusterView
+    classic_policies: PolicySet, cluster: ClusterView
 ) -> None:
     pod = example("kfp-train-step")
     pod["metadata"]["annotations"]["workflows.argoproj.io/node-name"] = "wf.root.load-data.executor"
-    out = mutated(pod, default_policies, cluster)
+    out = mutated(pod, classic_policies, cluster)
     main = container(out, "main")["resources"]
     assert main == {"requests": {"cpu": "4", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
     assert out["metadata"]["annotations"]["gpuwarden.io/gpu-count"] == "0"
@@ -407,21 +407,21 @@ def test_annotation_keys_with_slash_and_tilde_survive(
 
 
 def test_idempotent_when_a_gpu_free_profile_removes_the_only_evidence(
-    default_policies: PolicySet, cluster: ClusterView
+    classic_policies: PolicySet, cluster: ClusterView
 ) -> None:
     """A profile with gpus: 0 takes the GPU away from the container that asked for it; the second
     decision must pick the same container, not the first one, although nothing asks any more."""
     pod = gpu_pod("etl", "tenant-a", labels={"gpuwarden.io/profile": "kfp-data-loading"})
     pod["spec"]["containers"].insert(0, {"name": "logger", "image": "fluent-bit"})
-    decision = mutate(create(pod), default_policies, cluster)
+    decision = mutate(create(pod), classic_policies, cluster)
     once = apply_ops(pod, decision)
     assert container(once, "main")["resources"] == {
         "limits": {"memory": "4Gi"},
         "requests": {"memory": "4Gi"},
     }
     assert container(once, "logger") == {"name": "logger", "image": "fluent-bit"}
-    assert mutate(create(once), default_policies, cluster).patch == ()
-    assert admit(create(once), default_policies, cluster).allowed
+    assert mutate(create(once), classic_policies, cluster).patch == ()
+    assert admit(create(once), classic_policies, cluster).allowed
 
 
 def test_recorded_containers_never_widen_a_gpu_grant(

@@ -1,0 +1,62 @@
+"""How many MPS nodes a strategy's shared pods need: a platform team sizes its MPS pool to the
+shared demand it expects instead of carving out a fixed share of the cluster (pure: the policy
+core decides each trace row's pod offline, no cluster involved)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from gpuwarden.lab.replay import pod_devices
+from gpuwarden.lab.strategies import Strategy
+from gpuwarden.lab.trace import TraceRow
+from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.policy import AdmissionRequest, ClusterView, admit
+from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL
+
+
+def shared_demand(
+    strategy: Strategy, rows: Sequence[TraceRow], namespaces: Mapping[str, Mapping[str, str]]
+) -> int:
+    """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
+    for its duration (0 when it shares nothing)."""
+    if strategy.policies is None:
+        return 0
+    view = ClusterView(
+        namespace_labels={
+            ns: {**dict(labels), NAMESPACE_NAME_LABEL: ns} for ns, labels in namespaces.items()
+        }
+    )
+    events: list[tuple[float, int]] = []
+    for row in rows:
+        pod = workload_pod(
+            row.kind,
+            name=f"sizing-{row.row}",
+            namespace=row.namespace,
+            workload=row.name,
+            gpus=row.devices,
+            labels=row.labels,
+            products=row.gpu_products,
+        )
+        result = admit(
+            AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod),
+            strategy.policies,
+            view,
+        )
+        if not result.allowed:
+            continue
+        _, slices = pod_devices(result.pod)
+        if slices:
+            events += [(row.at, slices), (row.at + row.duration, -slices)]
+    peak = current = 0
+    for _, change in sorted(events):  # an end before a start at the same moment
+        current += change
+        peak = max(peak, current)
+    return peak
+
+
+def mps_nodes_for(slices: int, gpus_per_node: int, replicas: int) -> int:
+    """Nodes of ``gpus_per_node`` GPUs shared ``replicas`` ways that hold ``slices`` at once."""
+    if slices <= 0:
+        return 0
+    return max(1, math.ceil(slices / (gpus_per_node * replicas)))
