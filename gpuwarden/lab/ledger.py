@@ -249,6 +249,7 @@ class Ledger:
             slices=record.slices,
             asked=row.gpus,
             busy=row.busy,
+            sm_share=record.sm_share,
             progress=state.kept if row.batch else 0.0,
             target=row.duration if row.batch else None,
             checkpoint=row.checkpoint if row.batch else None,

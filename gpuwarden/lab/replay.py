@@ -35,6 +35,7 @@ from gpuwarden.lab.trace import TraceRow
 from gpuwarden.lab.work import NodeGpus, WorkModel
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
+from gpuwarden.policy.keys import ENV_MPS_THREAD_PERCENTAGE
 from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
 from gpuwarden.policy.mutate import admitted_gpu_memory
 from gpuwarden.policy.quantity import parse_quantity
@@ -71,6 +72,18 @@ def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:
         if shared is not None:
             slices += int(parse_quantity(shared))
     return whole, slices
+
+
+def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
+    """The share of SMs MPS lets the pod's GPU container use (its active thread percentage)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == ENV_MPS_THREAD_PERCENTAGE:
+                try:
+                    return min(1.0, max(0.0, float(env.get("value", "")) / 100))
+                except ValueError:
+                    return None
+    return None
 
 
 def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
@@ -271,6 +284,7 @@ class Replay:
             tenant = found.name if found is not None else None
         gpu_memory = float(self.layout.gpu_memory_mib * 2**20)
         record.whole, record.slices = pod_devices(pod)
+        record.sm_share = mps_sm_share(pod) if record.slices else None
         record.gpus, record.memory_allocated = pod_allocation(
             pod, self.layout.mps_replicas, gpu_memory
         )

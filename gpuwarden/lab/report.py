@@ -30,6 +30,7 @@ class PodRecord:
     asked: float = 0.0  # GPUs the row asks for
     whole: int = 0  # whole GPUs the decided pod asks for
     slices: int = 0  # MPS slices it asks for
+    sm_share: float | None = None  # MPS active thread percentage / 100 (None: no cap)
     gpus: float = 0.0  # physical GPUs held while bound
     memory_allocated: float = 0.0  # bytes set aside while bound
     memory_used: float = 0.0  # bytes the trace says it uses while running

@@ -13,6 +13,9 @@ figures out; the replay calls it at every bind, completion and preemption).
   device plugin hands out replicas spread over the node's GPUs, fewest replicas in use first
   (its distributed allocation); whole GPUs are the lowest free ones.
 * A GPU's **busy** at a moment is ``min(1, B)``: what DCGM_FI_DEV_GPU_UTIL would report.
+* **MPS active thread percentage**: a pod whose SMs are capped at ``sm_share`` (its
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / 100) keeps at most that share busy and runs
+  ``sm_share / busy`` as fast when it would use more; the cap is what it adds to ``B``.
 
 Progress is in seconds of full-speed running: a pod whose row says ``duration`` is done when
 its progress reaches it; ``asked * progress`` is the GPU work it delivered.
@@ -49,7 +52,8 @@ class Sample:
 @dataclass
 class _Running:
     asked: float
-    busy: float
+    busy: float  # SMs kept busy at its own speed: the trace's busy, under its MPS cap
+    capped: float  # speed its MPS cap allows (1: none)
     service: bool
     gpus: tuple[Gpu, ...]
     shares: tuple[float, ...]  # the share of each GPU it holds (1, or 1/replicas)
@@ -122,21 +126,25 @@ class WorkModel:
         slices: int,
         asked: float,
         busy: float,
+        sm_share: float | None = None,
         progress: float = 0.0,
         target: float | None = None,
         checkpoint: float | None = None,
     ) -> None:
         """Pod ``key`` starts at ``at`` on ``node`` with ``whole`` GPUs and ``slices`` MPS slices,
         from ``progress``; it completes at ``target`` (None: a service, runs until stopped).
+        ``sm_share`` caps the SMs it may use (MPS active thread percentage / 100).
         A time before the model's clock is taken as the clock (events are never undone)."""
         self.advance(at)
         at = self._now
         if key in self._running:
             return
         gpus, shares = self._take(node, whole, slices)
+        used = busy if sm_share is None else min(busy, sm_share)
         pod = _Running(
             asked=asked,
-            busy=busy,
+            busy=used,
+            capped=used / busy if busy > 0 else 1.0,
             service=target is None,
             gpus=gpus,
             shares=shares,
@@ -199,7 +207,7 @@ class WorkModel:
             allocated += sum(pod.shares)
             scaling = min(1.0, len(pod.gpus) / pod.asked) if pod.asked > 0 else 1.0
             contention = min((1.0 / max(1.0, loads[g]) for g in pod.gpus), default=0.0)
-            speed = scaling * contention
+            speed = scaling * pod.capped * contention
             if speed != pod.speed or not pod.history:
                 pod.history.append((at, pod.progress, speed))
                 pod.speed = speed

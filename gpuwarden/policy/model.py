@@ -274,6 +274,12 @@ class Profile(_ProfileSettings):
         default=False,
         description="May be preempted; its PriorityClass then never preempts others",
     )
+    preemption_policy: Literal["PreemptLowerPriority", "Never"] | None = Field(
+        default=None,
+        description="Whether its pods may evict lower-priority pods to be placed; unset: Never "
+        "when preemptible, else PreemptLowerPriority. Never with a high priority puts pods "
+        "first in the scheduling queue without evicting anything",
+    )
     priority_class_name: ProfileName | None = Field(
         default=None,
         description="PriorityClass to use instead of the derived gpuwarden-<profile>",

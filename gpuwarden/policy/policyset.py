@@ -193,6 +193,7 @@ class PolicySet:
             priority=profile.priority,
             preemptible=profile.preemptible,
             priority_class_name=profile.derived_priority_class,
+            preemption=profile.preemption_policy,
             node_selector=dict(merged.node_selector or {}),
             tolerations=tuple(merged.tolerations or ()),
             overridden=tuple(sorted(to_camel(name) for name in changed)),

@@ -27,6 +27,7 @@ class ResolvedProfile:
     priority: int
     preemptible: bool
     priority_class_name: str
+    preemption: str | None  # the profile's explicit preemptionPolicy
     node_selector: Mapping[str, str]
     tolerations: tuple[Toleration, ...]
     overridden: tuple[str, ...] = ()
@@ -44,5 +45,7 @@ class ResolvedProfile:
 
     @property
     def preemption_policy(self) -> str:
+        if self.preemption is not None:
+            return self.preemption
         # Preemptible work waits for capacity rather than evicting others.
         return "Never" if self.preemptible else "PreemptLowerPriority"

@@ -59,6 +59,25 @@ def test_two_pods_at_busy_06_on_one_gpu_both_take_1_2_times_as_long() -> None:
     assert model.samples[-1].allocated == pytest.approx(0.5)
 
 
+def test_mps_thread_percentage_caps_a_pods_sms_and_keeps_its_neighbours_at_full_speed() -> None:
+    # Three trials (busy 0.8, capped at 25% of the SMs) and a notebook (0.1) on one GPU: the caps
+    # add up to 0.85, so nobody is slowed by contention; each trial runs 0.25 / 0.8 as fast.
+    model = WorkModel({"mps-0": NodeGpus(1, replicas=4)})
+    for key in ("t1", "t2", "t3"):
+        model.start(
+            key, 0.0, node="mps-0", whole=0, slices=1, asked=1, busy=0.8, sm_share=0.25,
+            target=HOUR,
+        )  # fmt: skip
+    model.start("nb", 0.0, node="mps-0", whole=0, slices=1, asked=1, busy=0.1, sm_share=0.5)
+    assert model.speed("t1") == pytest.approx(0.25 / 0.8)
+    assert model.speed("nb") == pytest.approx(1.0)
+    assert model.samples[-1].busy == pytest.approx(0.85)
+    when, _ = model.next_completion() or (None, None)
+    assert when == pytest.approx(3.2 * HOUR)
+    stopped = model.stop("nb", HOUR)
+    assert stopped is not None and stopped.degraded == 0
+
+
 def test_slices_spread_over_the_gpus_with_the_fewest_replicas_in_use() -> None:
     model = WorkModel({"mps-0": NodeGpus(2, replicas=4)})
     for key in ("a", "b", "c"):

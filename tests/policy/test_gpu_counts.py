@@ -348,11 +348,11 @@ def test_default_policies_deny_a_trainer_node_over_the_tenant_limit(
 
 
 def test_the_one_gpu_examples_are_unchanged(
-    default_policies: PolicySet, cluster: ClusterView
+    classic_policies: PolicySet, cluster: ClusterView
 ) -> None:
     for name, target in (("pytorchjob-worker", "pytorch"), ("katib-trial", "training-container")):
         pod = copy.deepcopy(example(name))
-        out = dict(admit(create(pod), default_policies, cluster).pod)
+        out = dict(admit(create(pod), classic_policies, cluster).pod)
         assert container(out, target)["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 

@@ -58,22 +58,22 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
         ),
         (
             "kserve-predictor",
-            "inference",
+            "inference-whole",
             "kserve-container",
-            {
-                "volcano.sh/vgpu-number": "1",
-                "volcano.sh/vgpu-memory": "15754",
-                "volcano.sh/vgpu-cores": "50",
-            },
-            ("gpuwarden-inference", 300),
+            {"nvidia.com/gpu": "1"},
+            ("gpuwarden-inference-whole", 300),
             "PreemptLowerPriority",
         ),
         (
             "katib-trial",
             "batch-hpo",
             "training-container",
-            {"nvidia.com/gpu": "1"},
-            ("gpuwarden-batch-hpo", 10),
+            {
+                "volcano.sh/vgpu-number": "1",
+                "volcano.sh/vgpu-memory": "20480",
+                "volcano.sh/vgpu-cores": "25",
+            },
+            ("gpuwarden-batch-hpo", 50),
             "Never",
         ),
         (
@@ -201,14 +201,30 @@ def test_priority_fields_change_together(
     spec = out["spec"]
     assert (spec["priorityClassName"], spec["priority"], spec["preemptionPolicy"]) == (
         "gpuwarden-batch-hpo",
-        10,
+        50,
         "Never",
     )
 
 
+def test_a_profile_may_rank_first_without_preempting(cluster: ClusterView) -> None:
+    """preemptionPolicy: Never with a high priority: first in the queue, never evicting."""
+    policies = policies_from(
+        """
+profiles:
+  - {name: notebook, maxMemory: 16Gi, priority: 250, preemptionPolicy: Never}
+workloads:
+  - {name: notebooks, match: {kind: notebook}, profile: notebook}
+"""
+    )
+    out = mutated(example("notebook"), policies, cluster)
+    spec = out["spec"]
+    assert (spec["priority"], spec["preemptionPolicy"]) == (250, "Never")
+    assert out["metadata"]["annotations"]["gpuwarden.io/preemptible"] == "false"
+
+
 def test_priority_class_known_to_the_cluster_wins(default_policies: PolicySet) -> None:
     cluster = ClusterView(
-        priority_classes={"gpuwarden-inference": PriorityClassInfo(4242, "Never")}
+        priority_classes={"gpuwarden-inference-whole": PriorityClassInfo(4242, "Never")}
     )
     out = mutated(example("kserve-predictor"), default_policies, cluster)
     assert (out["spec"]["priority"], out["spec"]["preemptionPolicy"]) == (4242, "Never")
@@ -445,7 +461,7 @@ def test_recorded_containers_never_widen_a_gpu_grant(
 
 
 def test_katib_labels_added_after_us_are_picked_up_on_reinvocation(
-    default_policies: PolicySet, cluster: ClusterView
+    classic_policies: PolicySet, cluster: ClusterView
 ) -> None:
     """Katib's webhook may add the trial labels after ours; the reinvoked decision then gives the
     trial its batch profile, with no trace left of the first profile."""
@@ -455,13 +471,13 @@ def test_katib_labels_added_after_us_are_picked_up_on_reinvocation(
         key: pod["metadata"]["labels"].pop(key)
         for key in ("katib.kubeflow.org/trial", "katib.kubeflow.org/experiment")
     }
-    first = mutated(pod, default_policies, cluster)
+    first = mutated(pod, classic_policies, cluster)
     assert first["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
     first["metadata"]["labels"].update(trial_labels)  # Katib's webhook
-    second = mutated(first, default_policies, cluster)
-    assert second == mutated(labeled, default_policies, cluster)
+    second = mutated(first, classic_policies, cluster)
+    assert second == mutated(labeled, classic_policies, cluster)
     assert "gpuwarden.io/mps-thread-percentage" not in second["metadata"]["annotations"]
-    assert admit(create(second), default_policies, cluster).allowed
+    assert admit(create(second), classic_policies, cluster).allowed
 
 
 def test_stale_decision_annotations_are_removed(
