@@ -32,7 +32,8 @@ from gpuwarden.policy import PolicyError
 
 HELP = (
     "Replay a workload trace on a lab cluster (kube-apiserver, kube-scheduler, KWOK GPU nodes) "
-    "under each strategy and compare GPU allocation, memory use, waits and preemptions"
+    "under each strategy and compare GPU work delivered, GPUs busy and allocated, tenants' waits "
+    "and preemptions"
 )
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

@@ -119,11 +119,11 @@ LITERALS: Mapping[str, Literal | None] = {
     "kfp-train-step": Literal(
         "kfp-training",
         "main",
-        {"nvidia.com/gpu": "4"},
+        {"nvidia.com/gpu": "1"},
         "gpuwarden-kfp-training",
         200,
         "PreemptLowerPriority",
-        {"gpuwarden.io/gpu-count": "4"},
+        {"gpuwarden.io/gpu-count": "1"},
         kept_env=("ARGO_CONTAINER_NAME", "KFP_POD_NAME", "KFP_POD_UID"),
     ),
     "kfp-driver": None,
@@ -149,9 +149,13 @@ LITERALS: Mapping[str, Literal | None] = {
     "katib-trial": Literal(
         "batch-hpo",
         "training-container",
-        {"nvidia.com/gpu": "1"},
+        {
+            "volcano.sh/vgpu-number": "1",
+            "volcano.sh/vgpu-memory": "20480",
+            "volcano.sh/vgpu-cores": "25",
+        },
         "gpuwarden-batch-hpo",
-        10,
+        50,
         "Never",
         {"volcano.sh/preemptable": "true", "gpuwarden.io/preemptible": "true"},
     ),
@@ -170,13 +174,13 @@ LITERALS: Mapping[str, Literal | None] = {
         kept_env=("NB_PREFIX",),
     ),
     "kserve-predictor": Literal(
-        "inference",
+        "inference-whole",
         "kserve-container",
-        {"volcano.sh/vgpu-number": "1"},
-        "gpuwarden-inference",
+        {"nvidia.com/gpu": "1"},
+        "gpuwarden-inference-whole",
         300,
         "PreemptLowerPriority",
-        {"gpuwarden.io/gpu-memory-limit": "20Gi"},
+        {"gpuwarden.io/gpu-memory-limit": "80Gi"},
         kept_env=("PORT", "STORAGE_URI"),
     ),
 }
@@ -496,34 +500,29 @@ def _write_quota(api: k8s_client.ApiClient, ns: str, name: str, hard: Mapping[st
 def test_resource_quota_charges_the_mutated_resources(gpuwarden: WebhookStack) -> None:
     """Quota admission runs after our mutation, so it charges what the pod asks for now.
 
-    The KFP training step asks for 1 GPU; gpuwarden gives it 4. With 3 GPUs of quota left, the
-    API server refuses it for 4. A whole-GPU pod is charged requests.nvidia.com/gpu; a shared one
-    is charged requests.volcano.sh/vgpu-number and no nvidia.com/gpu at all.
+    A whole-GPU pod is charged requests.nvidia.com/gpu; a notebook that asked for nvidia.com/gpu
+    and was given a shared slice is charged requests.volcano.sh/vgpu-number and no nvidia.com/gpu
+    at all, so a second one is refused for vGPUs while whole GPUs are still free.
     """
     api = gpuwarden.api
     ns = gpuwarden.tenant_namespace("e2e-quota")
     name = "gpus"
-    hard = {"requests.nvidia.com/gpu": "3", "requests.volcano.sh/vgpu-number": "2"}
+    hard = {"requests.nvidia.com/gpu": "3", "requests.volcano.sh/vgpu-number": "1"}
     _write_quota(api, ns, name, hard)
 
-    training = place_pod(example_pod("kfp-train-step"), ns)
+    eight = place_pod(load_pod(POLICY_TEST_PODS / "pytorchjob-worker-8-gpus.yaml"), ns)
 
     def refused_for_quota() -> str | None:
         try:
-            create_pod(api, place_pod(example_pod("kfp-train-step"), ns), dry_run=True)
+            create_pod(api, eight, dry_run=True)
         except ApiException as exc:
             status, text = api_error(exc)
             return text if status == 403 and "exceeded quota" in text else None
         return None
 
     # The quota admission plugin reads quotas from its own cache: wait until it enforces ours.
-    wait_for("the ResourceQuota to be enforced", refused_for_quota)
-    with pytest.raises(ApiException) as refused:
-        create_pod(api, training)
-    status, text = api_error(refused.value)
-    assert status == 403
-    assert "exceeded quota: gpus" in text
-    assert "requested: requests.nvidia.com/gpu=4" in text
+    text = wait_for("the ResourceQuota to be enforced", refused_for_quota)
+    assert "requested: requests.nvidia.com/gpu=8" in text
     assert "limited: requests.nvidia.com/gpu=3" in text
 
     create_pod(api, place_pod(example_pod("pytorchjob-worker"), ns))
@@ -540,6 +539,14 @@ def test_resource_quota_charges_the_mutated_resources(gpuwarden: WebhookStack) -
         "requests.nvidia.com/gpu": Decimal(1),
         "requests.volcano.sh/vgpu-number": Decimal(1),
     }
+    second = place_pod(example_pod("notebook"), ns)
+    second["metadata"]["name"] = "second-notebook"
+    with pytest.raises(ApiException) as refused:
+        create_pod(api, second)
+    status, text = api_error(refused.value)
+    assert status == 403
+    assert "exceeded quota: gpus" in text
+    assert "requested: requests.volcano.sh/vgpu-number=1" in text
 
 
 def test_warnings_on_a_refused_request_are_kept(gpuwarden: WebhookStack, kubeflow_ns: str) -> None:
