@@ -9,7 +9,7 @@ from typing import Any, Literal, NamedTuple
 from gpuwarden.policy import keys
 from gpuwarden.policy.backends import shared_slices_per_container
 from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
-from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
+from gpuwarden.policy.model import GPUPolicy, KfpSystemMatch, Tenant, WorkloadRule
 from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.quantity import QuantityError
 from gpuwarden.policy.resolved import ResolvedProfile
@@ -108,6 +108,9 @@ def _judge(
     result = match(rule.match, facts)
     if not result.matched:
         return result
+    if isinstance(rule.match, KfpSystemMatch) and asks_for_gpu:
+        # A real driver or importer never asks for one: this is user code wearing its labels.
+        return MatchResult(False, f"{result.reason}, but it asks for a GPU, which none does")
     wants_gpu = rule.require_gpu_request or rule.max_gpu_request is not None
     if wants_gpu and not asks_for_gpu:
         return MatchResult(False, f"{result.reason}, but it asks for no GPU")

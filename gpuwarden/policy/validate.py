@@ -344,8 +344,30 @@ def _too_many_gpus(placement: Placement, tenant: str, limit: int) -> str:
     )
 
 
-def _tenant_limit_violations(placement: Placement) -> Iterator[Violation]:
+def _skipped_gpu_violations(placement: Placement, pod: Mapping[str, Any]) -> Iterator[Violation]:
+    """A pod a skip rule leaves untouched still keeps to its tenant's GPUs per pod."""
+    tenant, rule = placement.tenant, placement.rule
+    if tenant is None or rule is None or tenant.limits.max_gpus_per_pod is None:
+        return
+    limit = tenant.limits.max_gpus_per_pod
+    try:
+        asked = sum(ref.asked_gpus() or 0 for ref in containers(pod))
+    except QuantityError:
+        return  # the quantities check names the field
+    if asked > limit:
+        yield Violation(
+            "tenant_limits",
+            "TenantLimit",
+            f"rule {rule.name} leaves the pod untouched, but it asks for {asked} GPUs and tenant "
+            f"{tenant.name} allows at most {limit} per pod; ask for at most {limit}",
+        )
+
+
+def _tenant_limit_violations(placement: Placement, pod: Mapping[str, Any]) -> Iterator[Violation]:
     tenant, profile = placement.tenant, placement.profile
+    if placement.source == "skip":
+        yield from _skipped_gpu_violations(placement, pod)
+        return
     if tenant is None or profile is None:
         return
     limits = tenant.limits
@@ -444,7 +466,7 @@ def _checks(
         return [("scheduling", lambda: _update_violations(request))]
     return [
         ("quantities", lambda: _quantity_violations(pod)),
-        ("tenant_limits", lambda: _tenant_limit_violations(placement)),
+        ("tenant_limits", lambda: _tenant_limit_violations(placement, pod)),
         ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
         ("host_paths", lambda: _host_path_violations(pod, mps_dirs)),
         ("privileged", lambda: _privilege_violations(pod)),

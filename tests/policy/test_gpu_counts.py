@@ -413,3 +413,26 @@ workloads:
 """
     shadowed = [w for w in lint_warnings(policies_from(spec)) if "never matches" in w]
     assert shadowed == ["rule never: never matches, rule large takes every kserve-predictor first"]
+
+
+def test_a_skip_rule_never_admits_gpus_past_the_tenants_limit(cluster: ClusterView) -> None:
+    policies = policies_from(
+        """
+profiles:
+  - {name: whole, gpuShare: false, maxMemory: 80Gi}
+workloads:
+  - {name: exporters, match: {kind: selector, labels: {matchLabels: {app: exporter}}}, skip: true}
+tenants:
+  - {name: team, namespaces: [team], limits: {maxGpusPerPod: 2}}
+"""
+    )
+    small = gpu_pod(labels={"app": "exporter"}, gpus="2")
+    assert admit(create(small), policies, cluster).allowed
+    large = gpu_pod(labels={"app": "exporter"}, gpus="4")
+    verdict = admit(create(large), policies, cluster)
+    assert not verdict.allowed
+    assert (
+        "rule exporters leaves the pod untouched, but it asks for 4 GPUs and tenant team allows "
+        "at most 2 per pod; ask for at most 2" in verdict.validation.message
+    )
+    assert verdict.mutation.patch == ()
