@@ -428,7 +428,9 @@ class Enforcement(StrictModel):
         description="Deny user-set NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES, CUDA_MPS_*",
     )
     host_paths: bool = Field(
-        default=True, description="Deny hostPath volumes to MPS directories and /dev/nvidia*"
+        default=True,
+        description="Deny hostPath volumes to MPS directories and /dev/nvidia*, and mounts at "
+        "NVIDIA's device-list path /var/run/nvidia-container-devices",
     )
     privileged: bool = Field(default=True, description="Deny privileged containers")
     host_namespaces: bool = Field(default=True, description="Deny hostIPC and hostPID")

@@ -73,13 +73,17 @@ class ContainerRef(NamedTuple):
         return found
 
     def asks_for_gpu(self) -> bool:
-        """Whether gpu_resources() is non-empty, without building it."""
+        """Whether it names a GPU resource at anything but zero (``nvidia.com/gpu: "0"`` asks
+        for none and stays a CPU container; a count that does not parse asks, so the checks
+        name it), without building gpu_resources()."""
         resources = self.body.get("resources")
         if not isinstance(resources, dict):
             return False
         for kind in ("limits", "requests"):
             section = resources.get(kind)
-            if isinstance(section, dict) and any(is_gpu_resource(str(k)) for k in section):
+            if isinstance(section, dict) and any(
+                is_gpu_resource(str(k)) and not _is_zero(v) for k, v in section.items()
+            ):
                 return True
         return False
 
@@ -138,6 +142,13 @@ def containers(pod: Mapping[str, Any], *fields: str) -> Iterator[ContainerRef]:
         for index, body in enumerate(items):
             if isinstance(body, dict):
                 yield ContainerRef(field, index, body)
+
+
+def _is_zero(value: Any) -> bool:
+    try:
+        return parse_count(value) == 0
+    except QuantityError:
+        return False
 
 
 def requests_gpu(pod: Mapping[str, Any]) -> bool:

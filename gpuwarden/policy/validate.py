@@ -203,11 +203,43 @@ def _unchecked_env_sources(
     )
 
 
+#: Where NVIDIA's container toolkit reads the GPUs to expose when the device plugin uses its
+#: volume-mounts device list strategy: a mount there selects devices.
+DEVICE_LIST_MOUNTS = "/var/run/nvidia-container-devices"
+
+
+def _host_path(raw: str) -> str:
+    """A host path as the host resolves it: normalised, with /var/run as /run (a symlink on
+    every systemd host)."""
+    path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+    if path == "/var/run" or path.startswith("/var/run/"):
+        path = "/run" + path[len("/var/run") :]
+    return path
+
+
 def _protected_paths(mps_dirs: tuple[str, ...]) -> tuple[str, ...]:
-    return tuple(posixpath.normpath(p) for p in mps_dirs)
+    return tuple(_host_path(p) for p in mps_dirs)
+
+
+def _device_list_mount_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    for ref in containers(pod):
+        for index, mount in enumerate(ref.body.get("volumeMounts") or []):
+            if not isinstance(mount, Mapping):
+                continue
+            target = _host_path(str(mount.get("mountPath", "")))
+            device_list = _host_path(DEVICE_LIST_MOUNTS)
+            if target == device_list or target.startswith(device_list + "/"):
+                yield Violation(
+                    "host_paths",
+                    "GPUIsolationEscape",
+                    f"{_where(ref)}.volumeMounts[{index}].mountPath {mount.get('mountPath')}: "
+                    "mounts there select GPUs for NVIDIA's container toolkit (volume-mounts "
+                    "device list); remove this mount",
+                )
 
 
 def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> Iterator[Violation]:
+    yield from _device_list_mount_violations(pod)
     volumes = spec_of(pod).get("volumes")
     if not isinstance(volumes, list):
         return
@@ -216,7 +248,7 @@ def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> 
         if not isinstance(volume, dict) or not isinstance(volume.get("hostPath"), Mapping):
             continue
         raw = str(volume["hostPath"].get("path", ""))
-        path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+        path = _host_path(raw)
         name = str(volume.get("name", "?"))
         # The path itself, a parent (it holds the directory) or a child (the device plugin keeps
         # each daemon's pipes in <root>/<resource>/pipe) all reach the daemons.
@@ -460,6 +492,7 @@ def _checks(
         # kubectl debug: only the new ephemeral containers can open a hole.
         return [
             ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
+            ("host_paths", lambda: _device_list_mount_violations(pod)),
             ("privileged", lambda: _privilege_violations(pod)),
         ]
     if request.operation == "UPDATE":
@@ -476,6 +509,10 @@ def _checks(
     ]
 
 
+#: The checks that keep a pod inside its GPUs, run in namespaces of no tenant too.
+ESCAPE_CHECKS = frozenset({"environment", "host_paths", "privileged", "host_namespaces"})
+
+
 def violations(
     request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
 ) -> tuple[Placement, list[Violation]]:
@@ -487,11 +524,13 @@ def violations(
     if placement.problems and request.operation == "CREATE":
         found += [Violation("placement", "ProfileSelection", p) for p in placement.problems]
     tenant = placement.tenant
-    if tenant is None:
-        return placement, found
-    enforcement = tenant.enforcement
+    # Escapes are denied in every namespace the webhook sees, tenant or not; a namespace of no
+    # tenant has no limits, quota or profile to check.
+    enforcement = tenant.enforcement if tenant is not None else None
     for check, run in _checks(request, placement, policies, cluster):
-        if check != "quantities" and not getattr(enforcement, check):
+        if enforcement is None and check not in ESCAPE_CHECKS:
+            continue
+        if enforcement is not None and check != "quantities" and not getattr(enforcement, check):
             continue
         # A count the placement could not read is also an invalid quantity: say it once.
         found += [v for v in run() if v.message not in placement.problems]

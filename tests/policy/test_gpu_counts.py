@@ -436,3 +436,17 @@ tenants:
         "at most 2 per pod; ask for at most 2" in verdict.validation.message
     )
     assert verdict.mutation.patch == ()
+
+
+def test_an_explicit_zero_gpu_request_stays_zero(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """``nvidia.com/gpu: "0"`` asks for no GPU: the notebook stays a CPU pod, not a vGPU one."""
+    pod = example("notebook")
+    for section in pod["spec"]["containers"][0]["resources"].values():
+        if "nvidia.com/gpu" in section:
+            section["nvidia.com/gpu"] = "0"
+    verdict = admit(create(pod), default_policies, cluster)
+    assert verdict.allowed, verdict.validation.message
+    assert verdict.mutation.patch == ()
+    assert dict(verdict.pod) == pod

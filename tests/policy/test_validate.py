@@ -365,6 +365,10 @@ def test_cuda_visible_devices_within_the_grant_is_allowed(policies: PolicySet, v
         ("/dev/nvidia0", "/dev/nvidia*"),
         ("/dev/nvidiactl", "/dev/nvidia*"),
         ("/dev/nvidia-caps", "/dev/nvidia*"),
+        # /var/run is a symlink to /run on the hosts: the same directories by another name.
+        ("/var/run/nvidia/mps", "/run/nvidia/mps"),
+        ("/var/run", "/run/nvidia/mps"),
+        ("/var/run/nvidia", "/run/nvidia/mps"),
     ],
 )
 def test_host_paths_to_mps_and_devices(policies: PolicySet, path: str, reached: str) -> None:
@@ -378,6 +382,19 @@ def test_host_paths_to_mps_and_devices(policies: PolicySet, path: str, reached: 
 def test_other_host_paths_are_left_to_other_policies(policies: PolicySet, path: str) -> None:
     pod = pod_with(volumes=[{"name": "host", "hostPath": {"path": path}}])
     assert admitted(pod, policies) == (True, "")
+
+
+@pytest.mark.parametrize(
+    "mount", ["/var/run/nvidia-container-devices", "/var/run/nvidia-container-devices/all",
+              "/run/nvidia-container-devices/GPU-0"],
+)  # fmt: skip
+def test_mounts_at_the_device_list_path_are_escapes(policies: PolicySet, mount: str) -> None:
+    """NVIDIA's container toolkit takes mount points there as the GPUs to expose."""
+    pod = pod_with(volumes=[{"name": "scratch", "emptyDir": {}}])
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "scratch", "mountPath": mount}]
+    decision = denial(pod, policies)
+    assert f"volumeMounts[0].mountPath {mount}: mounts there select GPUs" in decision.message
+    assert "check host_paths" in decision.message
 
 
 def test_host_paths_follow_the_policy_mps_directories() -> None:
@@ -431,9 +448,17 @@ def test_every_violation_is_listed(policies: PolicySet) -> None:
         assert field in message
 
 
-def test_checks_apply_only_in_tenant_namespaces(policies: PolicySet) -> None:
-    pod = pod_with(namespace="not-a-tenant", hostPID=True)
-    assert admitted(pod, policies) == (True, "")
+def test_escapes_are_denied_outside_tenant_namespaces_too(policies: PolicySet) -> None:
+    """A namespace the webhook sees but no tenant matches has no limits, but no escapes either."""
+    assert admitted(pod_with(namespace="not-a-tenant"), policies) == (True, "")
+    many = gpu_pod(namespace="not-a-tenant", gpus="16")
+    assert admitted(many, policies)[0]
+    decision = denial(pod_with(namespace="not-a-tenant", hostPID=True), policies)
+    assert "check host_namespaces" in decision.message
+    escape = pod_with(
+        namespace="not-a-tenant", volumes=[{"name": "h", "hostPath": {"path": "/dev"}}]
+    )
+    assert "reaches /dev/nvidia*" in denial(escape, policies).message
 
 
 # --- contradicting the policy --------------------------------------------------------------
