@@ -29,6 +29,22 @@ ANNOTATION_THREAD_PERCENTAGE: Final = "gpuwarden.io/mps-thread-percentage"
 # Comma-separated names of the containers the decision applies to.
 ANNOTATION_CONTAINERS: Final = "gpuwarden.io/containers"
 ANNOTATION_PREEMPTIBLE: Final = "gpuwarden.io/preemptible"
+#: Every annotation a decision writes: the node agent and the quota charge trust them.
+DECISION_ANNOTATIONS: Final = (
+    ANNOTATION_PROFILE,
+    ANNOTATION_TENANT,
+    ANNOTATION_POLICY,
+    ANNOTATION_RULE,
+    ANNOTATION_BACKEND,
+    ANNOTATION_GPU_COUNT,
+    ANNOTATION_GPU_SHARED,
+    ANNOTATION_GPU_MEMORY_LIMIT,
+    ANNOTATION_GPU_MEMORY_RESERVED,
+    ANNOTATION_OVERCOMMIT_RATIO,
+    ANNOTATION_THREAD_PERCENTAGE,
+    ANNOTATION_CONTAINERS,
+    ANNOTATION_PREEMPTIBLE,
+)
 
 # CUDA MPS client environment (see NVIDIA's MPS documentation); a client can lower, never raise,
 # what the control daemon allows.

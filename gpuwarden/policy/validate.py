@@ -499,6 +499,7 @@ def _checks(
         return [("scheduling", lambda: _update_violations(request))]
     return [
         ("quantities", lambda: _quantity_violations(pod)),
+        ("annotations", lambda: _forged_annotation_violations(pod, placement)),
         ("tenant_limits", lambda: _tenant_limit_violations(placement, pod)),
         ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
         ("host_paths", lambda: _host_path_violations(pod, mps_dirs)),
@@ -510,7 +511,28 @@ def _checks(
 
 
 #: The checks that keep a pod inside its GPUs, run in namespaces of no tenant too.
-ESCAPE_CHECKS = frozenset({"environment", "host_paths", "privileged", "host_namespaces"})
+ESCAPE_CHECKS = frozenset(
+    {"environment", "host_paths", "privileged", "host_namespaces", "annotations"}
+)
+#: Checks no tenant can turn off.
+_ALWAYS = frozenset({"quantities", "annotations"})
+
+
+def _forged_annotation_violations(
+    pod: Mapping[str, Any], placement: Placement
+) -> Iterator[Violation]:
+    """gpuwarden's decision annotations on a pod it did not decide: they would charge another
+    tenant's GPU memory or steer the node agent."""
+    if placement.governed:
+        return  # the mutation wrote them, and the scheduling check compares them
+    forged = sorted(k for k in annotations_of(pod) if k in keys.DECISION_ANNOTATIONS)
+    if forged:
+        yield Violation(
+            "annotations",
+            "ForgedDecision",
+            f"metadata.annotations {', '.join(forged)}: only gpuwarden writes these, and it "
+            "gives this pod no profile; remove them",
+        )
 
 
 def violations(
@@ -530,7 +552,7 @@ def violations(
     for check, run in _checks(request, placement, policies, cluster):
         if enforcement is None and check not in ESCAPE_CHECKS:
             continue
-        if enforcement is not None and check != "quantities" and not getattr(enforcement, check):
+        if enforcement is not None and check not in _ALWAYS and not getattr(enforcement, check):
             continue
         # A count the placement could not read is also an invalid quantity: say it once.
         found += [v for v in run() if v.message not in placement.problems]

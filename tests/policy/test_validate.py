@@ -837,3 +837,27 @@ def test_validator_allows_mutated_pods_of_every_backend() -> None:
         pod = gpu_pod(namespace="team", labels={"gpuwarden.io/profile": profile})
         result = admit(create(pod), policies, CLUSTER)
         assert result.allowed, (profile, result.validation.message)
+
+
+@pytest.mark.parametrize("namespace", ["team", "not-a-tenant"])
+def test_forged_decision_annotations_on_an_ungoverned_pod_are_denied(
+    policies: PolicySet, namespace: str
+) -> None:
+    """A CPU pod carrying another tenant's charge (issue: one tenant blocking another's GPUs)."""
+    pod = gpu_pod(namespace=namespace, gpus=None)
+    pod["metadata"]["annotations"] = {
+        "gpuwarden.io/tenant": "other",
+        "gpuwarden.io/gpu-memory-limit": "1Pi",
+        "gpuwarden.io/containers": "main",
+        "example.com/note": "kept",
+    }
+    decision = denial(pod, policies)
+    assert (
+        "metadata.annotations gpuwarden.io/containers, gpuwarden.io/gpu-memory-limit, "
+        "gpuwarden.io/tenant: only gpuwarden writes these" in decision.message
+    )
+    assert "check annotations" in decision.message
+    del pod["metadata"]["annotations"]["gpuwarden.io/tenant"]
+    del pod["metadata"]["annotations"]["gpuwarden.io/gpu-memory-limit"]
+    del pod["metadata"]["annotations"]["gpuwarden.io/containers"]
+    assert admitted(pod, policies) == (True, "")
