@@ -386,6 +386,17 @@ def test_max_gpu_request_sends_a_larger_pod_to_the_next_rule(
     assert place(pod, "team", {}, policies).rule.name == rule  # type: ignore[union-attr]
 
 
+def test_max_gpu_request_counts_a_pod_naming_no_gpu_count_as_within_it() -> None:
+    """GPU memory alone names no count: the sized rule takes the pod, and keeps taking it once
+    the decision gave it a slice (a second decision changes nothing)."""
+    policies = policies_from(SIZED_RULES)
+    pod = gpu_pod(labels={"app": "serve"}, gpus=None)
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpumem": "1000"}}
+    assert place(pod, "team", {}, policies).rule.name == "small"  # type: ignore[union-attr]
+    once = apply_ops(pod, mutate(create(pod), policies, CLUSTER))
+    assert mutate(create(once), policies, CLUSTER).patch == ()
+
+
 def test_max_gpu_request_says_why_a_rule_did_not_match() -> None:
     policies = policies_from(SIZED_RULES)
     placement = place(gpu_pod(labels={"app": "serve"}, gpus="2"), "team", {}, policies)
