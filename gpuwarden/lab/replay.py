@@ -74,6 +74,26 @@ def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:
     return whole, slices
 
 
+def row_pod(row: TraceRow, name: str) -> dict[str, Any]:
+    """The pod a trace row becomes, as its Kubeflow controller would create it."""
+    return workload_pod(
+        row.kind,
+        name=name,
+        namespace=row.namespace,
+        workload=row.name,
+        gpus=row.devices,
+        labels={**row.labels, ROW_LABEL: str(row.row)},
+        products=row.gpu_products,
+    )
+
+
+def namespace_view_labels(
+    namespaces: Mapping[str, Mapping[str, str]],
+) -> dict[str, dict[str, str]]:
+    """Each namespace's labels as the API server shows them (with its name label)."""
+    return {ns: {**dict(labels), NAMESPACE_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+
+
 def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
     """The share of SMs MPS lets the pod's GPU container use (its active thread percentage)."""
     for container in (pod.get("spec") or {}).get("containers") or []:
@@ -189,9 +209,7 @@ class Replay:
         lab.add_pools(api, self.pools)
 
     def _cluster_view(self) -> ClusterView:
-        labels = {
-            ns: {**dict(values), NAMESPACE_NAME_LABEL: ns} for ns, values in self.namespaces.items()
-        }
+        labels = namespace_view_labels(self.namespaces)
         with self._lock:
             memory = _tenant_memory(self._admitted)
         return ClusterView(
@@ -251,15 +269,7 @@ class Replay:
 
     def _submit(self, core: Any, action: Create) -> None:
         row = action.row
-        pod = workload_pod(
-            row.kind,
-            name=action.name,
-            namespace=row.namespace,
-            workload=row.name,
-            gpus=row.devices,
-            labels={**row.labels, ROW_LABEL: str(row.row)},
-            products=row.gpu_products,
-        )
+        pod = row_pod(row, action.name)
         record = PodRecord(
             name=action.name,
             namespace=row.namespace,

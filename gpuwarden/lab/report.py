@@ -337,14 +337,16 @@ def _share(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def _percentiles(waits: Mapping[str, float | int | None]) -> str:
+    return " / ".join(_duration(waits.get(p)) for p in ("p50", "p95", "p99"))
+
+
 def _wait_cell(report: StrategyReport, namespace: str) -> str:
-    w = report.waits.get(namespace, {})
-    return " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
+    return _percentiles(report.waits.get(namespace, {}))
 
 
 def _kind_wait_cell(report: StrategyReport, kind: str) -> str:
-    w = report.kind_waits.get(kind, {})
-    return " / ".join(_duration(w.get(p)) for p in ("p50", "p95", "p99"))
+    return _percentiles(report.kind_waits.get(kind, {}))
 
 
 def _delivered_cell(report: StrategyReport, namespace: str) -> str:

@@ -7,12 +7,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from gpuwarden.lab.replay import pod_devices
+from gpuwarden.lab.replay import namespace_view_labels, pod_devices, row_pod
 from gpuwarden.lab.strategies import Strategy
 from gpuwarden.lab.trace import TraceRow
-from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
-from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL
 
 
 def shared_demand(
@@ -22,22 +20,10 @@ def shared_demand(
     for its duration (0 when it shares nothing)."""
     if strategy.policies is None:
         return 0
-    view = ClusterView(
-        namespace_labels={
-            ns: {**dict(labels), NAMESPACE_NAME_LABEL: ns} for ns, labels in namespaces.items()
-        }
-    )
+    view = ClusterView(namespace_labels=namespace_view_labels(namespaces))
     events: list[tuple[float, int]] = []
     for row in rows:
-        pod = workload_pod(
-            row.kind,
-            name=f"sizing-{row.row}",
-            namespace=row.namespace,
-            workload=row.name,
-            gpus=row.devices,
-            labels=row.labels,
-            products=row.gpu_products,
-        )
+        pod = row_pod(row, f"sizing-{row.row}")
         result = admit(
             AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod),
             strategy.policies,

@@ -29,6 +29,8 @@ class PodFacts:
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
     workload: Workload | None
+    asks_for_gpu: bool = False  # a container names a GPU resource above zero
+    largest_request: int | None = None  # the most GPUs one container asks for
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,14 @@ def match(rule: Matcher, facts: PodFacts) -> MatchResult:
             facts, "kfp-step", rule.task_names, "task", workload.name if workload else None
         )
     if isinstance(rule, KfpSystemMatch):
-        return _kind_is(facts, "kfp-system") or MatchResult(True, "KFP driver or importer pod")
+        if mismatch := _kind_is(facts, "kfp-system"):
+            return mismatch
+        if facts.asks_for_gpu:
+            # A real driver or importer never asks for one: this is user code wearing its labels.
+            return MatchResult(
+                False, "KFP driver or importer pod, but it asks for a GPU, which none does"
+            )
+        return MatchResult(True, "KFP driver or importer pod")
     if isinstance(rule, TrainingJobMatch):
         # The operator writes replica types in lower case (Worker -> worker).
         return _names(

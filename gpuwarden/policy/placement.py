@@ -9,7 +9,7 @@ from typing import Any, Literal, NamedTuple
 from gpuwarden.policy import keys
 from gpuwarden.policy.backends import shared_slices_per_container
 from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
-from gpuwarden.policy.model import GPUPolicy, KfpSystemMatch, Tenant, WorkloadRule
+from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
 from gpuwarden.policy.policyset import Grant, PolicySet
 from gpuwarden.policy.quantity import QuantityError
 from gpuwarden.policy.resolved import ResolvedProfile
@@ -70,8 +70,6 @@ class Placement:
     # admission never formats the reasons of rules that did not match.
     rules_tried: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
     facts: PodFacts | None = None
-    asks_for_gpu: bool = False
-    largest_request: int | None = None  # the most GPUs one container asks for
     # One per target container, in the order of `containers`; `grant` is the one with the most
     # GPUs (its annotations describe the pod).
     container_grants: tuple[ContainerGrant, ...] = ()
@@ -85,10 +83,7 @@ class Placement:
         """Each rule tried and why it matched or not, in order."""
         if self.facts is None:
             return ()
-        return tuple(
-            (rule.name, _judge(rule, self.facts, self.asks_for_gpu, self.largest_request))
-            for rule, _ in self.rules_tried
-        )
+        return tuple((rule.name, _judge(rule, self.facts)) for rule, _ in self.rules_tried)
 
     @property
     def governed(self) -> bool:
@@ -102,15 +97,11 @@ class Placement:
         return self.source
 
 
-def _judge(
-    rule: WorkloadRule, facts: PodFacts, asks_for_gpu: bool, largest_request: int | None
-) -> MatchResult:
+def _judge(rule: WorkloadRule, facts: PodFacts) -> MatchResult:
     result = match(rule.match, facts)
     if not result.matched:
         return result
-    if isinstance(rule.match, KfpSystemMatch) and asks_for_gpu:
-        # A real driver or importer never asks for one: this is user code wearing its labels.
-        return MatchResult(False, f"{result.reason}, but it asks for a GPU, which none does")
+    asks_for_gpu, largest_request = facts.asks_for_gpu, facts.largest_request
     wants_gpu = rule.require_gpu_request or rule.max_gpu_request is not None
     if wants_gpu and not asks_for_gpu:
         return MatchResult(False, f"{result.reason}, but it asks for no GPU")
@@ -246,10 +237,16 @@ def place(
     labels = labels_of(pod)
     annotations = annotations_of(pod)
     workload = identify(pod, labels, annotations)
-    facts = PodFacts(namespace, namespace_labels, labels, annotations, workload)
-
     asks_for_gpu = requests_gpu(pod)
-    largest_request = largest_gpu_request(pod) if asks_for_gpu else None
+    facts = PodFacts(
+        namespace,
+        namespace_labels,
+        labels,
+        annotations,
+        workload,
+        asks_for_gpu=asks_for_gpu,
+        largest_request=largest_gpu_request(pod) if asks_for_gpu else None,
+    )
 
     def placed(
         source: Source,
@@ -281,8 +278,6 @@ def place(
             grant,
             rules_tried=policies.rules[:tried],
             facts=facts,
-            asks_for_gpu=asks_for_gpu,
-            largest_request=largest_request,
             container_grants=granted,
         )
 
@@ -292,10 +287,7 @@ def place(
         return placed("label", None, profile_name, (problem,) if problem else ())
 
     for index, (rule, _policy) in enumerate(policies.rules):
-        if (
-            not may_match(rule.match, facts)
-            or not _judge(rule, facts, asks_for_gpu, largest_request).matched
-        ):
+        if not may_match(rule.match, facts) or not _judge(rule, facts).matched:
             continue
         if rule.skip:
             return placed("skip", rule, None, tried=index + 1)
