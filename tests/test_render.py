@@ -107,7 +107,8 @@ def test_tenant_quota_charges_only_requests_keys_in_mebibytes() -> None:
     assert set(quotas) == {"vision", "vision-dev"}
     for quota in quotas.values():
         assert quota["metadata"]["name"] == "gpuwarden-vision"
-        assert quota["spec"]["hard"] == {"requests.volcano.sh/vgpu-memory": str(40 * 1024)}
+        # Pods request their 8Gi cap; the quota of 40Gi admits caps up to 40Gi x the ratio 2.
+        assert quota["spec"]["hard"] == {"requests.volcano.sh/vgpu-memory": str(80 * 1024)}
     assert not rendering.warnings[1:]
     # Tenants defined by a label selector have no namespace to put a quota in: said, not skipped silently.
     (warning,) = rendering.warnings
@@ -124,7 +125,11 @@ def test_quota_rounds_up_to_whole_mebibytes_and_follows_the_backends() -> None:
         "  tenants:\n    - {name: t, namespaces: [t], limits: {gpuMemoryQuota: 1000001k}}\n"
     )
     (quota,) = render(hami).of_kind("ResourceQuota")
-    assert quota["spec"]["hard"] == {"requests.nvidia.com/gpumem": str(-(-1000001000 // 2**20))}
+    mib = str(-(-1000001000 // 2**20))
+    assert quota["spec"]["hard"] == {
+        "requests.nvidia.com/gpumem": mib,
+        "limits.nvidia.com/gpumem": mib,
+    }
     native = _policy(
         "  backend: {type: native}\n  profiles:\n    - {name: s, gpuShare: false}\n"
         "  tenants:\n    - {name: t, namespaces: [t], limits: {gpuMemoryQuota: 10Gi}}\n"
@@ -132,6 +137,33 @@ def test_quota_rounds_up_to_whole_mebibytes_and_follows_the_backends() -> None:
     rendering = render(native)
     assert rendering.of_kind("ResourceQuota") == []
     assert any("gpuMemoryQuota has no ResourceQuota form" in note for note in rendering.notes)
+
+
+def test_hami_quota_keys_are_rendered_for_hamis_scheduler_and_not_flagged() -> None:
+    hami = _policy(
+        "  backend: {type: hami}\n"
+        "  profiles:\n    - {name: s, maxMemory: 4Gi, overcommitRatio: 2, threadPercentage: 25}\n"
+        "  tenants:\n"
+        "    - {name: t, namespaces: [t], limits: {gpuMemoryQuota: 16Gi}, quota: {gpus: 3}}\n"
+    )
+    rendering = render(hami)
+    (quota,) = rendering.of_kind("ResourceQuota")
+    # HAMi's QuotaManager charges limits.<memory|cores resource> per device; the API server
+    # charges the requests.* keys.
+    assert quota["spec"]["hard"] == {
+        "requests.nvidia.com/gpumem": str(32 * 1024),
+        "limits.nvidia.com/gpumem": str(32 * 1024),
+        "requests.nvidia.com/gpu": "3",
+        "limits.nvidia.com/gpucores": "300",
+    }
+    assert not rendering.warnings
+    assert any("by HAMi's scheduler" in note for note in rendering.notes)
+    assert any(
+        "profile s: overcommitRatio 2 needs deviceMemoryScaling: 2 in HAMi's chart value "
+        "devicePlugin.deviceMemoryScaling" in note
+        for note in rendering.notes
+    )
+    assert quota_key_warnings({"limits.nvidia.com/gpumem": "1"}, "q") == []
 
 
 def test_volcano_queue_has_only_real_fields_and_says_where_overcommit_lives() -> None:
@@ -142,13 +174,23 @@ def test_volcano_queue_has_only_real_fields_and_says_where_overcommit_lives() ->
     assert queue["spec"] == {
         "weight": 1,
         "reclaimable": True,
-        "capability": {"volcano.sh/vgpu-memory": str(40 * 1024)},
+        "capability": {"volcano.sh/vgpu-memory": str(80 * 1024)},
     }
     assert "overcommit" not in yaml.safe_dump(queue["spec"])
     assert VOLCANO_OVERCOMMIT_NOTE in rendering.notes
     assert "overcommit-factor" in VOLCANO_OVERCOMMIT_NOTE
     without = render(_policy(QUOTA_POLICY), RenderOptions(queues=False, priority_classes=False))
     assert {o["kind"] for o in without.objects} == {"ResourceQuota"}
+
+
+def test_render_says_where_gang_scheduled_jobs_get_their_queue() -> None:
+    rendering = render(_policy(QUOTA_POLICY))
+    assert (
+        "tenant vision: gang-scheduled jobs are queued by their PodGroup, not the pod annotation: "
+        "set runPolicy.schedulingPolicy.queue: vision on the job, or annotate the namespace once "
+        "so Volcano's PodGroup webhook fills it in: kubectl annotate namespace vision vision-dev "
+        "scheduling.volcano.sh/queue-name=vision"
+    ) in rendering.notes
 
 
 def test_the_builtin_default_queue_is_not_rendered() -> None:

@@ -95,7 +95,7 @@ def test_descriptions_survive_and_defaults_are_described() -> None:
     overcommit = profile["properties"]["overcommitRatio"]
     assert overcommit["type"] == "number" and overcommit["nullable"] is True
     assert overcommit["minimum"] == 1.0 and overcommit["maximum"] == 16.0
-    assert "maxMemory / overcommitRatio" in overcommit["description"]
+    assert "the cap stays maxMemory" in overcommit["description"]
     assert "default: 1.0" in overcommit["description"]
     assert profile["properties"]["maxMemory"]["x-kubernetes-int-or-string"] is True
 

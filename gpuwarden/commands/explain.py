@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         for problem in placement.problems:
             out.write(f"  problem:  {problem}\n")
         out.write(f"  changes:  {len(result.mutation.patch)} patch operation(s)\n")
+        # What the API server would show the user: the backend's limits, caps and reservations.
+        for line in result.mutation.warnings:
+            out.write(f"  warning:  {line.removeprefix('gpuwarden: ')}\n")
         if result.allowed:
             out.write("  verdict:  allowed\n")
         else:

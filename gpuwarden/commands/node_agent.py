@@ -22,7 +22,6 @@ from gpuwarden.node.hardlimits import detect_memory_limits
 from gpuwarden.node.metrics import agent_registry
 from gpuwarden.node.nvml import NvmlError, PynvmlNvml
 from gpuwarden.node.procfs import ProcFs
-from gpuwarden.policy import keys
 from gpuwarden.policy.quantity import QuantityError, parse_non_negative
 
 HELP = "Run the node agent: MPS limits from pod policies, GPU-memory enforcement, metrics."
@@ -48,16 +47,32 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="event",
         help="beyond an Event and a metric: terminate the MPS client, or evict the pod",
     )
-    parser.add_argument("--mps-pipe-dir", type=Path, default=Path(keys.DEFAULT_MPS_PIPE_DIRECTORY))
-    parser.add_argument("--mps-log-dir", type=Path, default=Path(keys.DEFAULT_MPS_LOG_DIRECTORY))
+    parser.add_argument(
+        "--mps-root",
+        type=Path,
+        default=Path(mps.DEVICE_PLUGIN_ROOT),
+        help="the MPS root of NVIDIA's device plugin (its chart's mps.root); the daemon's "
+        "directories are <root>/<resource>/pipe and <root>/<resource>/log",
+    )
+    parser.add_argument(
+        "--mps-resource",
+        default=mps.DEVICE_PLUGIN_RESOURCE,
+        help="the resource the device plugin shares through MPS: nvidia.com/gpu, or "
+        "nvidia.com/gpu.shared where its sharing config sets renameByDefault",
+    )
+    parser.add_argument(
+        "--mps-pipe-dir", type=Path, default=None, help="default: <root>/<resource>/pipe"
+    )
+    parser.add_argument(
+        "--mps-log-dir", type=Path, default=None, help="default: <root>/<resource>/log"
+    )
     parser.add_argument("--mps-control-bin", default="nvidia-cuda-mps-control")
     parser.add_argument(
         "--mps-daemon",
         choices=("manage", "external"),
         default="manage",
         help="manage: start the MPS control daemon when none answers; external: another "
-        "component runs it (NVIDIA's device plugin in MPS mode: point --mps-pipe-dir at its "
-        "<root>/<resource>/pipe, e.g. /run/nvidia/mps/nvidia.com/gpu/pipe)",
+        "component runs it (NVIDIA's device plugin in MPS mode)",
     )
     parser.add_argument(
         "--metrics-port", type=int, default=9400, help="Prometheus metrics port (0: none)"
@@ -104,6 +119,10 @@ def _config(args: argparse.Namespace) -> AgentConfig | str:
             return f"--memory-ceiling: {exc}"
         if ceiling < 2**20:
             return f"--memory-ceiling {args.memory_ceiling} is below 1Mi"
+    try:
+        mps.device_plugin_directories(args.mps_root, args.mps_resource)
+    except ValueError as exc:
+        return f"--mps-resource: {exc}"
     return AgentConfig(
         node_name=node.strip(),
         on_violation=args.on_violation,
@@ -143,8 +162,11 @@ def run(args: argparse.Namespace) -> int:
             )
         control = None
         if binary is not None:
+            layout = mps.device_plugin_directories(args.mps_root, args.mps_resource)
             control = mps.ProcessMpsControl(
-                binary, pipe_dir=args.mps_pipe_dir, log_dir=args.mps_log_dir
+                binary,
+                pipe_dir=args.mps_pipe_dir or layout.pipe,
+                log_dir=args.mps_log_dir or layout.log,
             )
         hard = False
         if args.hard_limits == "auto":

@@ -90,20 +90,25 @@ class ClusterSource(Protocol):
 
 
 def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
-    """The tenant a live pod charges and how much GPU memory; None for pods that charge none."""
+    """The namespace a live governed pod charges and how much GPU memory; None for pods that
+    charge none. The namespace, not the pod's tenant annotation, says whom it charges: which
+    tenant a namespace belongs to is the policies' answer (issue: a pod in one tenant's
+    namespace must never charge another tenant)."""
     status = obj.get("status") or {}
     if isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES:
         return None
-    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    metadata = obj.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
     tenant = annotations.get(ANNOTATION_TENANT) if isinstance(annotations, Mapping) else None
-    if not isinstance(tenant, str) or not tenant:
+    namespace = metadata.get("namespace")
+    if not isinstance(tenant, str) or not tenant or not isinstance(namespace, str):
         return None
     amount = admitted_gpu_memory(obj)
-    return (tenant, amount) if amount > 0 else None
+    return (namespace, amount) if amount > 0 else None
 
 
-class TenantMemory:
-    """Sink of pod charges that keeps per-tenant totals up to date incrementally."""
+class NamespaceMemory:
+    """Sink of pod charges that keeps per-namespace totals up to date incrementally."""
 
     def __init__(self, on_change: Callable[[], None] | None = None) -> None:
         self._charges: dict[str, tuple[str, Decimal]] = {}
@@ -117,8 +122,8 @@ class TenantMemory:
             self._on_change()
 
     def _add(self, charge: tuple[str, Decimal], sign: int) -> None:
-        tenant, amount = charge
-        self._totals[tenant] = self._totals.get(tenant, Decimal(0)) + sign * amount
+        namespace, amount = charge
+        self._totals[namespace] = self._totals.get(namespace, Decimal(0)) + sign * amount
 
     def replace(self, items: Mapping[str, tuple[str, Decimal]]) -> None:
         self._charges = dict(items)
@@ -231,7 +236,7 @@ class WatchedCluster:
         self._lock = threading.Lock()
         self.namespaces: MappingSink[Mapping[str, str]] = MappingSink(self._rebuild)
         self.priority_classes: MappingSink[PriorityClassInfo] = MappingSink(self._rebuild)
-        self.tenant_memory = TenantMemory(self._rebuild)
+        self.namespace_memory = NamespaceMemory(self._rebuild)
         # Live: a ConfigMap change needs no new ClusterView.
         self.config_maps = ConfigMapKeys()
         self._view = ClusterView(env_source_keys=self.config_maps.view)
@@ -245,7 +250,13 @@ class WatchedCluster:
                 self.priority_classes,
                 True,
             ),
-            ("pods", core.list_pod_for_all_namespaces, pod_charge, self.tenant_memory, track_pods),
+            (
+                "pods",
+                core.list_pod_for_all_namespaces,
+                pod_charge,
+                self.namespace_memory,
+                track_pods,
+            ),
             (
                 "configmaps",
                 core.list_config_map_for_all_namespaces,
@@ -267,7 +278,7 @@ class WatchedCluster:
             self._view = ClusterView(
                 namespace_labels=self.namespaces.snapshot,
                 priority_classes=self.priority_classes.snapshot,
-                tenant_gpu_memory=self.tenant_memory.snapshot,
+                namespace_gpu_memory=self.namespace_memory.snapshot,
                 env_source_keys=self.config_maps.view,
             )
 

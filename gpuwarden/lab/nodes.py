@@ -17,6 +17,10 @@ from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
+#: What GFD appends to nvidia.com/gpu.product on a shared node whose replicas keep the name
+#: nvidia.com/gpu (NVIDIA/k8s-device-plugin internal/lm/resource.go, getProductName: only when
+#: the resource is shared and not renamed).
+SHARED_PRODUCT_SUFFIX = "-SHARED"
 #: The label every lab node carries, with its pool's name (so a run can list its nodes).
 POOL_LABEL = "lab.gpuwarden.io/pool"
 
@@ -75,12 +79,17 @@ class GpuNodePool:
     def physical_gpus(self) -> int:
         return self.count * self.gpus_per_node
 
+    @property
+    def product_label(self) -> str:
+        """GFD's nvidia.com/gpu.product: -SHARED only where replicas are not renamed."""
+        if self.shared and not self.rename_shared:
+            return self.gpu_product + SHARED_PRODUCT_SUFFIX
+        return self.gpu_product
+
     def gfd_labels(self) -> dict[str, str]:
-        # GFD appends -SHARED to the product of a shared GPU and reports the replica count.
-        product = f"{self.gpu_product}-SHARED" if self.shared else self.gpu_product
         return {
             "nvidia.com/gpu.present": "true",
-            "nvidia.com/gpu.product": product,
+            "nvidia.com/gpu.product": self.product_label,
             "nvidia.com/gpu.count": str(self.gpus_per_node),
             "nvidia.com/gpu.memory": str(self.gpu_memory_mib),
             "nvidia.com/gpu.replicas": str(self.mps_replicas),

@@ -113,12 +113,14 @@ def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> 
     return gpus, gpus * gpu_memory
 
 
-def _tenant_memory(records: Sequence[tuple[PodRecord, str | None, Decimal]]) -> dict[str, Decimal]:
-    """GPU memory admitted to each tenant's pods that are still alive (the webhook's view)."""
+def _namespace_memory(
+    records: Sequence[tuple[PodRecord, str | None, Decimal]],
+) -> dict[str, Decimal]:
+    """GPU memory admitted to each namespace's governed pods still alive (the webhook's view)."""
     out: dict[str, Decimal] = {}
     for record, tenant, memory in records:
         if tenant is not None and record.ended is None and record.refused is None:
-            out[tenant] = out.get(tenant, Decimal(0)) + memory
+            out[record.namespace] = out.get(record.namespace, Decimal(0)) + memory
     return out
 
 
@@ -211,9 +213,9 @@ class Replay:
     def _cluster_view(self) -> ClusterView:
         labels = namespace_view_labels(self.namespaces)
         with self._lock:
-            memory = _tenant_memory(self._admitted)
+            memory = _namespace_memory(self._admitted)
         return ClusterView(
-            namespace_labels=labels, priority_classes=self._class_infos, tenant_gpu_memory=memory
+            namespace_labels=labels, priority_classes=self._class_infos, namespace_gpu_memory=memory
         )
 
     # -- the replay ---------------------------------------------------------------------------

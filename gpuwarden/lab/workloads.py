@@ -10,6 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
+from gpuwarden.lab.nodes import SHARED_PRODUCT_SUFFIX
 from gpuwarden.lab.stages import COMPLETE_AFTER, go_duration
 
 WorkloadKind = Literal[
@@ -93,7 +94,9 @@ def workload_pod(
     """A pod of ``kind`` for ``workload`` (task, job, trial, notebook or service name) whose GPU
     container asks for ``gpus`` whole GPUs; it completes ``runs_for`` seconds after it started
     running (never, when None). ``products`` are the GPU Feature Discovery products it may run
-    on (any, when empty), as a required node affinity (a shared GPU's ``-SHARED`` too)."""
+    on (any, when empty), as a required node affinity that also names each product's
+    ``-SHARED`` form, which GFD labels a shared node with where its replicas are not renamed
+    (a renamed one keeps the plain product)."""
     kind_labels, annotations, container = _metadata(kind, dns_label(workload))
     if runs_for is not None:
         annotations[COMPLETE_AFTER] = go_duration(runs_for)
@@ -104,7 +107,9 @@ def workload_pod(
         "containers": [{"name": container, "image": _IMAGE, "resources": resources}],
     }
     if products:
-        values = [name for product in products for name in (product, f"{product}-SHARED")]
+        values = [
+            name for product in products for name in (product, product + SHARED_PRODUCT_SUFFIX)
+        ]
         term = {"key": "nvidia.com/gpu.product", "operator": "In", "values": values}
         spec["affinity"] = {
             "nodeAffinity": {

@@ -19,6 +19,12 @@ MPS gives soft isolation. What the agent achieves with it:
   more. Defaults apply to servers started later and are lost on ``quit``: the agent sets them again
   after every daemon restart (health check failing then recovering, a new daemon PID, or defaults
   found reset).
+* **Above NVIDIA's equal share.** NVIDIA's device plugin starts its daemon with every client at
+  memory / replicas and 100 / replicas percent of threads (NVIDIA/k8s-device-plugin
+  ``cmd/mps-control-daemon/mps/daemon.go``), which a client's environment cannot raise. The
+  agent's defaults and per-server limits replace those, whether it runs that daemon
+  (``--mps-daemon manage``) or the plugin does (``external``), so a cap above the share holds.
+  It finds the daemon at ``<root>/<resource>/pipe``, where the plugin puts it (``mps.py``).
 * **Per-server limits.** MPS runs one server per user ID. For each running server the agent sets
   ``set_device_pinned_mem_limit`` / ``set_active_thread_percentage`` to the largest cap among the pods
   it serves (pods with a client on it, and pods whose GPU containers declare ``runAsUser`` equal to

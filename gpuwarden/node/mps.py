@@ -15,6 +15,16 @@ Semantics that the agent is built around (NVIDIA's MPS documentation):
   clients it creates afterwards; existing clients keep what they got;
 * there is one MPS server per user ID at a time, and limits apply per client process;
 * memory values are an integer with ``M`` or ``G`` (MiB, GiB); the agent always writes ``<MiB>M``.
+
+NVIDIA's device plugin drives its daemon with the same commands: ``nvidia-cuda-mps-control -d``,
+then ``set_default_device_pinned_mem_limit <index> <total/replicas>M`` per device and
+``set_default_active_thread_percentage <100/replicas>``, and ``get_default_active_thread_percentage``
+as its health check (NVIDIA/k8s-device-plugin ``cmd/mps-control-daemon/mps/daemon.go``). Its
+daemon's directories are ``<root>/<resource>/pipe`` and ``<root>/<resource>/log``
+(``cmd/mps-control-daemon/mps/root.go``), where the root is its chart's ``mps.root``
+(``/run/nvidia/mps``) and the resource the one its replicas are advertised as
+(``nvidia.com/gpu``, or ``nvidia.com/gpu.shared`` with ``renameByDefault``); its pods get that
+pipe directory mounted and named in ``CUDA_MPS_PIPE_DIRECTORY`` (``internal/plugin/mps.go``).
 """
 
 from __future__ import annotations
@@ -34,6 +44,34 @@ PID_FILE = "nvidia-cuda-mps-control.pid"
 NO_DAEMON = "Cannot find MPS control daemon process"
 _SAFE_COMMAND = re.compile(r"^[a-z_]+(?: [0-9A-Za-z_.-]+)*$")
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?")
+
+
+#: NVIDIA's device plugin chart's mps.root (deployments/helm/nvidia-device-plugin/values.yaml).
+DEVICE_PLUGIN_ROOT = keys.DEFAULT_MPS_PIPE_DIRECTORY
+#: The resource the device plugin advertises MPS replicas as unless renameByDefault is set.
+DEVICE_PLUGIN_RESOURCE = "nvidia.com/gpu"
+_RESOURCE_NAME = re.compile(
+    r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+@dataclass(frozen=True)
+class MpsDirectories:
+    pipe: Path
+    log: Path
+
+
+def device_plugin_directories(root: Path, resource: str) -> MpsDirectories:
+    """Where the device plugin's control daemon for ``resource`` talks and logs:
+    ``<root>/<resource>/pipe`` and ``<root>/<resource>/log``."""
+    if not _RESOURCE_NAME.match(resource) or ".." in resource:
+        raise ValueError(
+            f"{resource!r} is not an extended resource name such as nvidia.com/gpu.shared"
+        )
+    return MpsDirectories(pipe=root / resource / "pipe", log=root / resource / "log")
+
+
+_DEFAULTS = device_plugin_directories(Path(DEVICE_PLUGIN_ROOT), DEVICE_PLUGIN_RESOURCE)
 
 
 class MpsError(Exception):
@@ -115,8 +153,8 @@ class ProcessMpsControl:
     """Spawns ``binary`` (nvidia-cuda-mps-control, or a stand-in speaking its protocol)."""
 
     binary: str
-    pipe_dir: Path = Path(keys.DEFAULT_MPS_PIPE_DIRECTORY)
-    log_dir: Path = Path(keys.DEFAULT_MPS_LOG_DIRECTORY)
+    pipe_dir: Path = _DEFAULTS.pipe
+    log_dir: Path = _DEFAULTS.log
     timeout: float = 10.0
     base_env: Mapping[str, str] | None = field(default=None, repr=False)
 

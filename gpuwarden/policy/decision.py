@@ -26,8 +26,10 @@ class ClusterView:
 
     namespace_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     priority_classes: Mapping[str, PriorityClassInfo] = field(default_factory=dict)
-    # GPU memory (sum of caps) admitted to each tenant's live pods, this pod excluded.
-    tenant_gpu_memory: Mapping[str, Decimal] = field(default_factory=dict)
+    # GPU memory (sum of caps) admitted to the live pods of each namespace, this pod excluded.
+    # Keyed by namespace, never by a pod's own tenant annotation: a pod is charged to the tenant
+    # of the namespace it lives in, which the policies decide.
+    namespace_gpu_memory: Mapping[str, Decimal] = field(default_factory=dict)
     # Keys of ConfigMaps and Secrets, by (kind, namespace, name), where the caller knows them.
     env_source_keys: Mapping[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
 

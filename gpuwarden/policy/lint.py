@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+from gpuwarden.policy.backends import selects_shared_gpus
 from gpuwarden.policy.model import (
+    Backend,
     HamiBackend,
+    KatibTrialMatch,
     KfpStepMatch,
+    LabelSelector,
     NativeBackend,
+    NvidiaBackend,
+    Profile,
     VolcanoBackend,
 )
 from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
+
+# The device plugin setting that advertises scaling x each GPU's memory, per backend: the only
+# way to overcommit GPU memory on Volcano vGPU and HAMi, where the request is the enforced cap.
+MEMORY_SCALING_SETTING = {
+    "volcano": "deviceMemoryScaling in the volcano-vgpu device plugin's ConfigMap "
+    "(volcano-vgpu-device-config, key device-config.yaml, nvidia.deviceMemoryScaling)",
+    "hami": "deviceMemoryScaling in HAMi's device plugin configuration "
+    "(chart value devicePlugin.deviceMemoryScaling, or devicememoryscaling per node in "
+    "nodeConfiguration)",
+}
 
 
 def lint_warnings(policies: PolicySet) -> list[str]:
@@ -20,16 +37,17 @@ def lint_warnings(policies: PolicySet) -> list[str]:
             warnings.append(
                 f"profile {name}: the native backend cannot share GPUs; pods get whole GPUs"
             )
-        if (
-            gpus
-            and profile.gpu_share
-            and (profile.overcommit_ratio or 1.0) > 1.0
-            and isinstance(backend, VolcanoBackend | HamiBackend)
-        ):
+        if gpus and profile.gpu_share and isinstance(backend, VolcanoBackend | HamiBackend):
+            warnings += _limiter_backend_warnings(name, profile, backend)
+        if profile.gpu_types and not _reads_gpu_types(backend, bool(profile.gpu_share)):
             warnings.append(
-                f"profile {name}: {backend.type}'s in-container limiter enforces the reserved "
-                f"memory (maxMemory / overcommitRatio), not maxMemory"
+                f"profile {name}: gpuTypes has no effect on {backend.type} "
+                f"{'shared' if profile.gpu_share else 'whole'} GPUs (only Volcano vGPU and HAMi "
+                "read nvidia.com/use-gputype); select nodes by nvidia.com/gpu.product in "
+                "nodeSelector instead"
             )
+        if gpus and isinstance(backend, NvidiaBackend):
+            warnings += _nvidia_warnings(name, profile)
         if not profile.gpu_share and profile.thread_percentage is not None:
             warnings.append(
                 f"profile {name}: threadPercentage only applies to shared (MPS) GPUs; ignored"
@@ -56,6 +74,8 @@ def lint_warnings(policies: PolicySet) -> list[str]:
                     f"tenant {tenant.name}: rule {rule.name} gives profile {rule.profile}, "
                     "which the tenant may not use: such pods will be denied"
                 )
+    warnings += _memory_scaling_conflicts(policies)
+    warnings += _katib_injection_warnings(policies)
     seen_catch_all: dict[str, str] = {}
     for rule, _ in policies.rules:
         kind = rule.match.kind
@@ -75,4 +95,144 @@ def _filters(match: object) -> bool:
     for field in ("replica_types", "replicated_jobs", "experiments", "inference_services"):
         if getattr(match, field, ()):
             return True
+    return False
+
+
+def _limiter_backend_warnings(
+    name: str, profile: Profile, backend: VolcanoBackend | HamiBackend
+) -> list[str]:
+    """Volcano vGPU and HAMi: the memory request is HAMi-core's cap and cores are reservations."""
+    warnings: list[str] = []
+    ratio = profile.overcommit_ratio or 1.0
+    if ratio > 1.0:
+        warnings.append(
+            f"profile {name}: overcommitRatio {ratio:g} has no per-pod form on {backend.type}: "
+            f"pods request and are capped at maxMemory {profile.max_memory or '(none)'}; "
+            f"GPU memory is overcommitted only where the nodes set "
+            f"{MEMORY_SCALING_SETTING[backend.type]} to {ratio:g} (gpuwarden render says so)"
+        )
+    share = profile.thread_percentage
+    if share is not None and share < 100:
+        resource = "volcano.sh/vgpu-cores" if backend.type == "volcano" else "nvidia.com/gpucores"
+        warnings.append(
+            f"profile {name}: threadPercentage {share} becomes {resource}: {share}, a "
+            f"reservation of {share} of a GPU's 100 cores, so at most {100 // share} such pods "
+            "share a GPU whatever memory is free (MPS thread percentages may add up past 100)"
+        )
+    return warnings
+
+
+def _memory_scaling_conflicts(policies: PolicySet) -> list[str]:
+    """Shared profiles on one limiter backend that need different deviceMemoryScaling values on
+    the same nodes: the setting is per node, so one of them cannot be honoured."""
+    wanted: dict[tuple[str, tuple[tuple[str, str], ...]], dict[float, list[str]]] = {}
+    for name, profile in policies.profiles.items():
+        backend: Backend = profile.backend or policies.profile_policy[name].spec.backend
+        if not profile.gpu_share or not isinstance(backend, VolcanoBackend | HamiBackend):
+            continue
+        nodes = tuple(sorted((profile.node_selector or {}).items()))
+        ratios = wanted.setdefault((backend.type, nodes), {})
+        ratios.setdefault(profile.overcommit_ratio or 1.0, []).append(name)
+    warnings: list[str] = []
+    for (backend_type, nodes), ratios in sorted(wanted.items()):
+        if len(ratios) < 2:
+            continue
+        where = ", ".join(f"{k}={v}" for k, v in nodes) or "any node"
+        sets = "; ".join(
+            f"{', '.join(names)} want {ratio:g}" for ratio, names in sorted(ratios.items())
+        )
+        warnings.append(
+            f"{backend_type}: shared profiles on the same nodes ({where}) need different "
+            f"deviceMemoryScaling ({sets}), which is one value per node; give them "
+            "different nodeSelectors or one overcommitRatio"
+        )
+    return warnings
+
+
+def _nvidia_warnings(name: str, profile: Profile) -> list[str]:
+    """NVIDIA's device plugin with MPS: the daemon's equal share bounds the caps, scheduling
+    counts replicas, and an exclusive profile must stay off shared GPUs."""
+    warnings: list[str] = []
+    if not profile.gpu_share:
+        for key, value in sorted((profile.node_selector or {}).items()):
+            if selects_shared_gpus(key, "In", [value]):
+                warnings.append(
+                    f"profile {name}: nodeSelector {key}={value} picks shared GPUs, but the "
+                    "profile is exclusive: its pods would get MPS replicas, not whole GPUs"
+                )
+        return warnings
+    # NVIDIA/k8s-device-plugin cmd/mps-control-daemon/mps/daemon.go: the daemon's defaults are
+    # total memory / replicas and 100 / replicas percent of threads, which a client can lower
+    # (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) but not raise.
+    capped = [
+        f"{field} {value}"
+        for field, value in (
+            ("maxMemory", profile.max_memory),
+            ("threadPercentage", profile.thread_percentage),
+        )
+        if value is not None
+    ]
+    if capped:
+        warnings.append(
+            f"profile {name}: NVIDIA's MPS control daemon gives each client 1/replicas of a "
+            "GPU's memory and 100/replicas percent of its threads, and a client can only lower "
+            f"that: {' and '.join(capped)} above the equal share is lowered to it, unless "
+            "gpuwarden's node agent sets the daemon's limits (nodeAgent.mps)"
+        )
+    ratio = profile.overcommit_ratio or 1.0
+    if ratio > 1.0:
+        warnings.append(
+            f"profile {name}: overcommitRatio {ratio:g} has no scheduling effect on nvidia: "
+            "each pod reserves one MPS replica, whatever its maxMemory; the replicas per GPU "
+            "in the device plugin's sharing config set how many pods share a GPU"
+        )
+    return warnings
+
+
+def _katib_injection_warnings(policies: PolicySet) -> list[str]:
+    """Katib trial rules see trial pods only where Katib's pod webhook labels them: in namespaces
+    labelled for its metrics-collector injection. Elsewhere the pods keep only their Job's labels."""
+    rules = [rule.name for rule, _ in policies.rules if isinstance(rule.match, KatibTrialMatch)]
+    if not rules:
+        return []
+    # Only a tenant whose namespaceSelector requires the label, and that names no namespace
+    # outright, is sure to have it in every namespace.
+    unsure = [
+        tenant.name
+        for tenant in policies.tenants
+        if tenant.namespaces or not _requires_katib_injection(tenant.namespace_selector)
+    ]
+    if policies.tenants and not unsure:
+        return []
+    which = f"rule {rules[0]} matches" if len(rules) == 1 else f"rules {', '.join(rules)} match"
+    namespaces = "the namespaces that run trials"
+    if unsure:
+        owners = "tenant" if len(unsure) == 1 else "tenants"
+        namespaces = f"the namespaces of {owners} {', '.join(unsure)}"
+    return [
+        f"{which} Katib trials, but Katib labels trial pods only in namespaces labelled "
+        f"{KATIB_INJECTION}={KATIB_INJECTION_ENABLED} (elsewhere they are governed as the Job, "
+        f"training job or pipeline step they run): make sure {namespaces} carry it"
+    ]
+
+
+def _requires_katib_injection(selector: LabelSelector | None) -> bool:
+    if selector is None:
+        return False
+    if selector.match_labels.get(KATIB_INJECTION) == KATIB_INJECTION_ENABLED:
+        return True
+    return any(
+        req.key == KATIB_INJECTION
+        and req.operator == "In"
+        and req.values == (KATIB_INJECTION_ENABLED,)
+        for req in selector.match_expressions
+    )
+
+
+def _reads_gpu_types(backend: Backend, shared: bool) -> bool:
+    """Whether the backend's scheduler reads nvidia.com/use-gputype for such a pod."""
+    if isinstance(backend, HamiBackend):
+        return True
+    if isinstance(backend, VolcanoBackend):
+        return shared or backend.whole_gpus == "vgpu"
     return False

@@ -16,6 +16,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     field_validator,
     model_validator,
 )
@@ -77,6 +78,10 @@ Quantity = Annotated[
     ),
 ]
 ProfileName = Annotated[str, AfterValidator(_check_dns_label)]
+# A GPU model as Volcano and HAMi match it: a case-insensitive substring of the device type
+# they register (checkGPUtype in volcano-sh/volcano pkg/scheduler/api/devices/nvidia/vgpu/
+# utils.go); a comma would split it into two.
+GpuType = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,62}$")]
 LabelKey = Annotated[str, AfterValidator(_check_label_key)]
 
 
@@ -150,6 +155,14 @@ class HamiBackend(_BackendBase):
 
     type: Literal["hami"] = "hami"
     scheduler_name: str = "hami-scheduler"
+    # HAMi's webhook writes GPU_CORE_UTILIZATION_POLICY into GPU containers when its
+    # devices.nvidia.gpuCorePolicy is not "default" (MutateAdmission in Project-HAMi/HAMi
+    # pkg/device/nvidia/device.go); gpuwarden denies that variable otherwise.
+    gpu_core_policy: Literal["default", "force", "disable"] = Field(
+        default="default",
+        description="HAMi's devices.nvidia.gpuCorePolicy: the GPU_CORE_UTILIZATION_POLICY "
+        "value HAMi's webhook writes, the only one gpuwarden admits",
+    )
 
 
 class NvidiaBackend(_BackendBase):
@@ -165,6 +178,15 @@ class NvidiaBackend(_BackendBase):
         default="nvidia.com/gpu",
         description="Resource that shared replicas are advertised as (nvidia.com/gpu.shared "
         "when the device plugin's sharing config sets renameByDefault)",
+    )
+    # NVIDIA/k8s-device-plugin api/config/v1/config.go sets sharing.mps.failRequestsGreaterThanOne
+    # to true when the config leaves it unset, and internal/rm/rm.go ValidateRequest then refuses
+    # a container more than one replica.
+    fail_requests_greater_than_one: bool = Field(
+        default=True,
+        description="The device plugin's sharing.mps.failRequestsGreaterThanOne (true unless "
+        "its config sets false): a shared container asking for more than one replica is denied; "
+        "false gives it the replicas it asks for",
     )
 
 
@@ -217,8 +239,9 @@ class _ProfileSettings(StrictModel):
         default=None,
         ge=1.0,
         le=16.0,
-        description="The scheduler reserves maxMemory / overcommitRatio; the cap stays maxMemory. "
-        "Must be 1.0 for exclusive profiles",
+        description="GPU-memory overcommit: the cap stays maxMemory and a tenant's quota admits "
+        "caps up to quota x ratio; on volcano and hami the nodes' deviceMemoryScaling (pods "
+        "request their cap). Must be 1.0 for exclusive profiles",
     )
     thread_percentage: int | None = Field(
         default=None,
@@ -235,6 +258,12 @@ class _ProfileSettings(StrictModel):
     )
     tolerations: tuple[Toleration, ...] | None = Field(
         default=None, description="Tolerations for tainted GPU nodes"
+    )
+    gpu_types: tuple[GpuType, ...] | None = Field(
+        default=None,
+        description="GPU models the pods may use (A100, H100): a case-insensitive substring "
+        "of the device type, as nvidia.com/use-gputype on volcano and hami; on nvidia and "
+        "native, select nodes by nvidia.com/gpu.product in nodeSelector instead",
     )
 
 
@@ -261,8 +290,9 @@ class Profile(_ProfileSettings):
         default=1.0,
         ge=1.0,
         le=16.0,
-        description="The scheduler reserves maxMemory / overcommitRatio; the cap stays maxMemory. "
-        "Must be 1.0 for exclusive profiles",
+        description="GPU-memory overcommit: the cap stays maxMemory and a tenant's quota admits "
+        "caps up to quota x ratio; on volcano and hami the nodes' deviceMemoryScaling (pods "
+        "request their cap). Must be 1.0 for exclusive profiles",
     )
     priority: int = Field(
         default=0,

@@ -7,7 +7,15 @@ from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.backends import DEFAULT_SCHEDULER, BackendPlan
+from gpuwarden.policy.backends import (
+    DEFAULT_SCHEDULER,
+    VOLCANO_GROUP_NAME_ANNOTATION,
+    VOLCANO_QUEUE_ANNOTATION,
+    BackendPlan,
+    exclusive_node_expression,
+    no_shared_gpus_expression,
+    selects_shared_gpus,
+)
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.patch import PatchBuilder
 from gpuwarden.policy.placement import ContainerGrant, Placement, place
@@ -150,6 +158,97 @@ def _set_scheduler(
         notes.append(f"kept schedulerName {current} set by another controller (policy: keep)")
 
 
+# The pod's required node affinity: its terms are ORed, the expressions of a term ANDed.
+_NODE_TERMS: list[str | int] = [
+    "spec",
+    "affinity",
+    "nodeAffinity",
+    "requiredDuringSchedulingIgnoredDuringExecution",
+    "nodeSelectorTerms",
+]
+
+
+def _shared_gpu_selector(patch: PatchBuilder) -> str | None:
+    """The pod's nodeSelector entry that picks nodes whose GPUs are shared, as key=value."""
+    selector = patch.get(["spec", "nodeSelector"])
+    if not isinstance(selector, dict):
+        return None
+    for key, value in sorted(selector.items()):
+        if isinstance(value, str) and selects_shared_gpus(str(key), "In", [value]):
+            return f"{key}={value}"
+    return None
+
+
+def _picks_shared_gpus(expressions: list[Any]) -> bool:
+    return any(
+        isinstance(e, dict)
+        and isinstance(e.get("values"), list)
+        and selects_shared_gpus(str(e.get("key")), str(e.get("operator")), e["values"])
+        for e in expressions
+    )
+
+
+def _drop_node_expression(patch: PatchBuilder, expression: Mapping[str, Any]) -> None:
+    """Remove an expression gpuwarden added, from every term; a term that held nothing else
+    was gpuwarden's own and goes, and so do the parents that it leaves empty."""
+    terms = patch.get(_NODE_TERMS)
+    if not isinstance(terms, list):
+        return
+    removed = False
+    for index in reversed(range(len(terms))):
+        term = terms[index]
+        expressions = term.get("matchExpressions") if isinstance(term, dict) else None
+        if not isinstance(expressions, list) or expression not in expressions:
+            continue
+        removed = True
+        if list(term) == ["matchExpressions"] and all(e == expression for e in expressions):
+            patch.remove([*_NODE_TERMS, index])
+            continue
+        for where in reversed(range(len(expressions))):
+            if expressions[where] == expression:
+                patch.remove([*_NODE_TERMS, index, "matchExpressions", where])
+    for depth in range(len(_NODE_TERMS), 1, -1):
+        if removed and patch.get(_NODE_TERMS[:depth]) in ([], {}):
+            patch.remove(_NODE_TERMS[:depth])
+
+
+def _keep_off_shared_gpus(patch: PatchBuilder, profile: ResolvedProfile, notes: list[str]) -> None:
+    """Give an exclusive nvidia profile a required node affinity that avoids shared GPUs, in
+    every term the pod has (the user's own expressions stay as they are); a pod that itself
+    picks shared GPUs keeps its choice, and the warning says so."""
+    wanted = exclusive_node_expression(profile)
+    if wanted is None:
+        # A reinvocation moved the pod to a profile that may use shared GPUs.
+        _drop_node_expression(patch, no_shared_gpus_expression())
+        return
+    picked = _shared_gpu_selector(patch)
+    if picked is not None:
+        notes.append(
+            f"kept nodeSelector {picked}: it picks shared GPUs, not profile {profile.name}'s "
+            "whole GPUs"
+        )
+        return
+    terms = patch.get(_NODE_TERMS)
+    if not isinstance(terms, list) or not terms:
+        patch.set(_NODE_TERMS, [{"matchExpressions": [wanted]}])
+        return
+    for index, term in enumerate(terms):
+        if not isinstance(term, dict):
+            continue
+        if not term.get("matchExpressions") and not term.get("matchFields"):
+            continue  # an empty term matches no node: an expression would widen it
+        expressions = term.get("matchExpressions", [])
+        if not isinstance(expressions, list) or wanted in expressions:
+            continue
+        if _picks_shared_gpus(expressions):
+            notes.append(
+                f"kept node affinity term {index}: it picks shared GPUs, not profile "
+                f"{profile.name}'s whole GPUs"
+            )
+            continue
+        patch.append([*_NODE_TERMS, index, "matchExpressions"], wanted)
+
+
 def _priority(profile: ResolvedProfile, cluster: ClusterView) -> tuple[int, str]:
     """(priority, preemptionPolicy) of the profile's class: the cluster's, where it has one."""
     known = cluster.priority_classes.get(profile.priority_class_name)
@@ -196,16 +295,42 @@ def _set_placement(patch: PatchBuilder, grant: Grant, notes: list[str]) -> None:
             patch.append(["spec", "tolerations"], wanted)
 
 
+def _cap_detail(profile: ResolvedProfile) -> str:
+    """Who enforces the cap and what the overcommit ratio means, on the profile's backend."""
+    backend, reserved = profile.backend.type, profile.reserved_memory
+    if backend in ("volcano", "hami") and reserved is not None:
+        # The request is HAMi-core's cap; overcommit is the node's deviceMemoryScaling.
+        return f" on {backend}, requested and enforced by HAMi-core"
+    if backend == "nvidia":
+        # Scheduling reserves one replica per GPU, whatever the cap and overcommit ratio.
+        return " on nvidia, one replica reserved per GPU"
+    extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
+    return f"{extra} on {backend}"
+
+
+def _overcommit_line(name: str, profile: ResolvedProfile) -> list[str]:
+    reserved = profile.reserved_memory
+    if profile.backend.type not in ("volcano", "hami") or reserved is None:
+        return []
+    if profile.overcommit_ratio <= 1:
+        return []
+    ratio = f"{profile.overcommit_ratio:g}"
+    return [
+        f"gpuwarden: {name}: overcommit {ratio} holds {format_mebibytes(reserved)} per GPU "
+        f"only on nodes whose deviceMemoryScaling is {ratio}"
+    ]
+
+
 def _gpu_lines(granted: ContainerGrant, plan: BackendPlan, profile: ResolvedProfile) -> list[str]:
     name, backend = granted.name, profile.backend.type
     if plan.shared:
         cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
-        reserved = profile.reserved_memory
-        extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
-        line = f"{name}: {granted.gpus} shared GPU, {cap} GPU-memory cap{extra} on {backend}"
+        line = f"{name}: {granted.gpus} shared GPU, {cap} GPU-memory cap{_cap_detail(profile)}"
     else:
         line = f"{name}: {granted.gpus} whole GPU(s) on {backend}"
     lines = [f"gpuwarden: {line}"]
+    if plan.shared:
+        lines += _overcommit_line(name, profile)
     if granted.overridden:
         # The one change to what a user asked that must never pass unnoticed.
         lines.append(
@@ -238,6 +363,36 @@ def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterVie
     return lines
 
 
+def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
+    """A gang-scheduled pod's queue is its PodGroup's, not the pod's annotation.
+
+    Volcano's PodGroup controller copies the pod's queue annotation only into the PodGroups it
+    creates for pods without ``scheduling.k8s.io/group-name`` (buildPodGroupFromPod in
+    volcano-sh/volcano pkg/controllers/podgroup/pg_controller_handler.go); the Training Operator
+    creates the PodGroup itself, from ``runPolicy.schedulingPolicy.queue``.
+    """
+    queue = plan.annotations.get(VOLCANO_QUEUE_ANNOTATION)
+    group = annotations_of(pod).get(VOLCANO_GROUP_NAME_ANNOTATION)
+    if not queue or not group:
+        return []
+    return [
+        f"Volcano queues this pod by its PodGroup {group}: set the job's "
+        f"runPolicy.schedulingPolicy.queue to {queue}"
+    ]
+
+
+def _replaced_backend_annotations(
+    pod: Mapping[str, Any], plan: BackendPlan, profile: ResolvedProfile
+) -> list[str]:
+    """A backend annotation the user set that the profile replaces is said, never silent."""
+    current = annotations_of(pod)
+    return [
+        f"{key}: {current[key]} replaced by {value} (profile {profile.name})"
+        for key, value in sorted(plan.annotations.items())
+        if key in current and current[key] != value
+    ]
+
+
 def apply_placement(
     pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
 ) -> tuple[PatchBuilder, list[str]]:
@@ -259,13 +414,17 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
+        notes += _gang_queue_notes(pod, backend_plan)
     wanted = desired_annotations(placement)
+    if backend_plan is not None:
+        notes += _replaced_backend_annotations(pod, backend_plan, profile)
     patch.merge(["metadata", "annotations"], wanted)
     patch.discard(
         ["metadata", "annotations"], [key for key in _CONDITIONAL_ANNOTATIONS if key not in wanted]
     )
     _set_priority(patch, profile, cluster, notes)
     _set_placement(patch, grant, notes)
+    _keep_off_shared_gpus(patch, profile, notes)
     return patch, notes
 
 

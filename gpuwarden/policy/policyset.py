@@ -198,4 +198,5 @@ class PolicySet:
             tolerations=tuple(merged.tolerations or ()),
             overridden=tuple(sorted(to_camel(name) for name in changed)),
             gpus_set_by=gpus_set_by,
+            gpu_types=tuple(merged.gpu_types or ()),
         )

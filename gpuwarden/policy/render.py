@@ -32,7 +32,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from gpuwarden.policy import keys
-from gpuwarden.policy.backends import plan_for
+from gpuwarden.policy.backends import VOLCANO_QUEUE_ANNOTATION, plan_for
 from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
 from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.resolved import ResolvedProfile
@@ -49,8 +49,8 @@ _MIB = Decimal(2**20)
 VOLCANO_OVERCOMMIT_NOTE = (
     "Volcano has no per-queue overcommit field. Its overcommit factor is the scheduler's "
     "'overcommit' plugin argument 'overcommit-factor' (volcano-scheduler.conf, cluster-wide, "
-    "applies to enqueue admission only). gpuwarden oversubscribes GPU memory itself: pods request "
-    "maxMemory / overcommitRatio as volcano.sh/vgpu-memory."
+    "applies to enqueue admission only). GPU memory is overcommitted by the volcano-vgpu device "
+    "plugin's deviceMemoryScaling: pods request their cap, maxMemory, as volcano.sh/vgpu-memory."
 )
 
 
@@ -96,6 +96,7 @@ def render(policies: PolicySet, options: RenderOptions | None = None) -> Renderi
         out.objects += _resource_quotas(policies, out)
     if options.queues:
         out.objects += _volcano_queues(policies, out)
+    _memory_scaling_notes(policies, out)
     for obj in out.objects:
         if obj["kind"] == "ResourceQuota":
             where = f"ResourceQuota {obj['metadata']['namespace']}/{obj['metadata']['name']}"
@@ -155,6 +156,39 @@ def _priority_classes(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     return [priority_class(profile, sharing[name]) for name, profile in chosen.items()]
 
 
+# --- device plugin settings ---------------------------------------------------------------
+
+# Where each limiter backend's device plugin takes the memory scaling that makes overcommit
+# real: the request is HAMi-core's cap, and a node advertises scaling x each GPU's memory
+# (Project-HAMi/volcano-vgpu-device-plugin doc/config.md, Project-HAMi/HAMi charts/hami/values.yaml).
+DEVICE_MEMORY_SCALING = {
+    "volcano": "the volcano-vgpu device plugin's ConfigMap volcano-vgpu-device-config "
+    "(device-config.yaml: nvidia.deviceMemoryScaling)",
+    "hami": "HAMi's chart value devicePlugin.deviceMemoryScaling (or devicememoryscaling in a "
+    "node's entry of devicePlugin.nodeConfiguration)",
+}
+
+
+def _memory_scaling_notes(policies: PolicySet, out: _Out) -> None:
+    """Say which deviceMemoryScaling each limiter backend's nodes need for the profiles'
+    overcommit ratios; the plugins' own configuration is theirs to apply."""
+    for name in policies.profiles:
+        resolved = policies.resolve(name, None)
+        backend = resolved.backend.type
+        if backend not in DEVICE_MEMORY_SCALING or not resolved.gpu_share:
+            continue
+        if resolved.overcommit_ratio <= 1:
+            continue
+        where = ", ".join(f"{k}={v}" for k, v in sorted(resolved.node_selector.items()))
+        out.note(
+            f"profile {name}: overcommitRatio {resolved.overcommit_ratio:g} needs "
+            f"deviceMemoryScaling: {resolved.overcommit_ratio:g} in "
+            f"{DEVICE_MEMORY_SCALING[backend]} on the nodes its pods use "
+            f"({where or 'every GPU node'}); pods request and are capped at maxMemory "
+            f"{resolved.max_memory_text}"
+        )
+
+
 # --- ResourceQuotas -----------------------------------------------------------------------
 
 
@@ -178,26 +212,47 @@ def mebibytes_ceil(amount: Decimal) -> int:
     return int((amount / _MIB).to_integral_value(rounding=ROUND_CEILING))
 
 
+# Keys that HAMi's scheduler charges from a namespace's ResourceQuota (QuotaManager in
+# Project-HAMi/HAMi pkg/device/quota.go: only limits.<memory or cores resource> is managed, and
+# each device a container gets is charged its memory and cores). The API server's quota admission
+# never charges limits.<extended resource>, so these keys mean something only to HAMi.
+HAMI_QUOTA_KEYS = frozenset({"limits.nvidia.com/gpumem", "limits.nvidia.com/gpucores"})
+
+
+def _largest_ratio(policies: PolicySet, tenant: Tenant) -> Decimal:
+    ratios = [
+        Decimal(str(p.overcommit_ratio)) for p in tenant_profiles(policies, tenant) if p.gpu_share
+    ]
+    return max(ratios, default=Decimal(1))
+
+
 def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     """``spec.hard`` for a tenant's namespaces, from what the policy says today.
 
     ``limits.gpuMemoryQuota`` bounds the GPU memory the tenant's pods reserve; the shared
-    backends request that reservation per container in MiB (``volcano.sh/vgpu-memory``,
-    ``nvidia.com/gpumem``), so the quota charges it there. Those resources count per GPU, so a
-    multi-GPU container is charged once: the quota never refuses what the webhook (which
-    multiplies by the GPU count) admits, and the webhook stays the exact check.
+    backends request each container's cap per GPU in MiB (``volcano.sh/vgpu-memory``,
+    ``nvidia.com/gpumem``), so the quota charges it there, at quota x the largest overcommit
+    ratio (the webhook's ceiling). Those resources count per GPU, so the API server charges a
+    multi-GPU container once: the quota never refuses what the webhook (which multiplies by the
+    GPU count) admits, and the webhook stays the exact check. On HAMi the same limit also goes
+    to ``limits.nvidia.com/gpumem``, which HAMi's scheduler charges per device, and a GPU quota
+    to ``limits.nvidia.com/gpucores`` (100 per GPU).
     """
     hard: dict[str, str] = {}
     resources = tenant_gpu_resources(policies, tenant)
     quota = tenant.limits.gpu_memory_quota
     if quota is not None:
-        mib = mebibytes_ceil(quantity_value(quota))
+        mib = mebibytes_ceil(quantity_value(quota) * _largest_ratio(policies, tenant))
         for resource in sorted(resources & GPU_MEMORY_MIB_RESOURCES):
             hard[f"requests.{resource}"] = str(mib)
+        if "nvidia.com/gpumem" in resources:
+            hard["limits.nvidia.com/gpumem"] = str(mib)
     if tenant.quota is not None:
         if tenant.quota.gpus is not None:
             for resource in sorted(resources & GPU_COUNT_RESOURCES):
                 hard[f"requests.{resource}"] = str(tenant.quota.gpus)
+            if "nvidia.com/gpucores" in resources:
+                hard["limits.nvidia.com/gpucores"] = str(100 * tenant.quota.gpus)
         hard.update(tenant.quota.hard)
     return hard
 
@@ -252,6 +307,13 @@ def _resource_quotas(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
             continue
         policy = _tenant_policy(policies, tenant)
         objects += [resource_quota(ns, tenant, policy, hard) for ns in tenant.namespaces]
+        if HAMI_QUOTA_KEYS & set(hard):
+            out.note(
+                f"tenant {tenant.name}: requests.* keys are charged by the API server's quota "
+                "admission; limits.nvidia.com/gpumem and limits.nvidia.com/gpucores by HAMi's "
+                "scheduler (memory and cores per device), which is the only one of the two that "
+                "multiplies by the GPU count"
+            )
         if len(tenant.namespaces) > 1:
             out.note(
                 f"tenant {tenant.name}: each of its {len(tenant.namespaces)} namespaces gets the "
@@ -277,7 +339,7 @@ def quota_key_warnings(hard: Mapping[str, Any], where: str) -> list[str]:
     """
     warnings: list[str] = []
     for key in sorted(map(str, hard)):
-        if key.startswith("count/") or key.startswith("requests."):
+        if key.startswith("count/") or key.startswith("requests.") or key in HAMI_QUOTA_KEYS:
             continue
         if key.startswith("limits."):
             resource = key.removeprefix("limits.")
@@ -325,6 +387,23 @@ def _uses_volcano(policies: PolicySet, tenant: Tenant) -> bool:
     return any(isinstance(p.backend, VolcanoBackend) for p in tenant_profiles(policies, tenant))
 
 
+def _gang_queue_note(tenant: Tenant, queue: str) -> str:
+    """Gang-scheduled pods are queued by their PodGroup, which gpuwarden's pod annotation misses.
+
+    The Training Operator creates the PodGroup with ``runPolicy.schedulingPolicy.queue``
+    (``default`` when unset), and Volcano's PodGroup admission webhook replaces ``default`` with
+    the namespace's ``scheduling.volcano.sh/queue-name`` annotation (createPodGroupPatch in
+    volcano-sh/volcano pkg/webhooks/admission/podgroups/mutate/mutate_podgroup.go).
+    """
+    namespaces = " ".join(tenant.namespaces) or "<each of its namespaces>"
+    return (
+        f"tenant {tenant.name}: gang-scheduled jobs are queued by their PodGroup, not the pod "
+        f"annotation: set runPolicy.schedulingPolicy.queue: {queue} on the job, or annotate the "
+        f"namespace once so Volcano's PodGroup webhook fills it in: kubectl annotate namespace "
+        f"{namespaces} {VOLCANO_QUEUE_ANNOTATION}={queue}"
+    )
+
+
 def _volcano_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     owners: dict[str, list[Tenant]] = {}
     for tenant in policies.tenants:
@@ -337,6 +416,8 @@ def _volcano_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
                 owners.setdefault(backend.queue, [])
     objects: list[dict[str, Any]] = []
     for name, tenants in owners.items():
+        for tenant in tenants:
+            out.note(_gang_queue_note(tenant, name))
         if name in BUILTIN_QUEUES:
             continue
         capability: dict[str, str] = {}

@@ -31,6 +31,7 @@ class ResolvedProfile:
     node_selector: Mapping[str, str]
     tolerations: tuple[Toleration, ...]
     overridden: tuple[str, ...] = ()
+    gpu_types: tuple[str, ...] = ()  # GPU models, as Volcano's and HAMi's use-gputype
     # Who set `gpus` ("profile <name>" or "tenant <name>'s override"); None: the policy is silent,
     # so each container keeps the count it asks for and `gpus` is only the count for one that
     # names none.

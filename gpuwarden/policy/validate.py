@@ -18,7 +18,7 @@ from typing import Any
 
 from gpuwarden.policy import keys
 from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
-from gpuwarden.policy.model import Tenant
+from gpuwarden.policy.model import HamiBackend, Tenant
 from gpuwarden.policy.mutate import admitted_gpu_memory, apply_placement, context_of, plan
 from gpuwarden.policy.placement import Placement, place
 from gpuwarden.policy.policyset import PolicySet
@@ -34,7 +34,26 @@ from gpuwarden.policy.resources import (
 )
 
 _MAX_SHOWN = 5
-_FORBIDDEN_ENV = re.compile(r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|CUDA_MPS_.*)$")
+# Variables HAMi-core's limiter (libvgpu.so, preloaded on Volcano vGPU and HAMi nodes) reads: a
+# container that sets them switches the limiter off or moves its caps. CUDA_DISABLE_CONTROL makes
+# both device plugins skip /etc/ld.so.preload (Allocate in Project-HAMi/volcano-vgpu-device-plugin
+# pkg/plugin/server.go and Project-HAMi/HAMi pkg/device-plugin/nvidiadevice/nvinternal/plugin/
+# server.go); the others are read by Project-HAMi/HAMi-core src/multiprocess/
+# multiprocess_memory_limit.c, and a pod's own env comes after the device plugin's, so it wins.
+_LIMITER_ENV = re.compile(
+    r"^(CUDA_DISABLE_CONTROL|GPU_CORE_UTILIZATION_POLICY|CUDA_DEVICE_MEMORY_LIMIT(_\d+)?"
+    r"|CUDA_DEVICE_SM_LIMIT(_\d+)?|CUDA_DEVICE_MEMORY_SHARED_CACHE|CUDA_OVERSUBSCRIBE"
+    r"|CUDA_TASK_PRIORITY)$"
+)
+_FORBIDDEN_ENV = re.compile(
+    r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
+)
+
+
+def _escape_effect(name: str) -> str:
+    if _LIMITER_ENV.match(name):
+        return "can lift the GPU caps HAMi-core's limiter holds the pod to"
+    return "can escape GPU isolation"
 
 
 @dataclass(frozen=True)
@@ -91,6 +110,28 @@ def _owned_env(placement: Placement) -> Mapping[str, str]:
     return backend_plan.env if backend_plan is not None else {}
 
 
+def _written_by_hamis_webhook(
+    name: str, entry: Mapping[str, Any], ref: ContainerRef, placement: Placement
+) -> bool:
+    """The two limiter variables HAMi's own webhook writes (it runs before any validating
+    webhook): CUDA_TASK_PRIORITY from the container's nvidia.com/priority limit, and
+    GPU_CORE_UTILIZATION_POLICY from HAMi's gpuCorePolicy (MutateAdmission in Project-HAMi/HAMi
+    pkg/device/nvidia/device.go). Only those exact values pass."""
+    value = entry.get("value")
+    if "valueFrom" in entry or not isinstance(value, str):
+        return False
+    if name == "CUDA_TASK_PRIORITY":
+        priority = ref.resources("limits").get("nvidia.com/priority")
+        return priority is not None and str(priority) == value
+    if name == "GPU_CORE_UTILIZATION_POLICY":
+        profile = placement.profile
+        backend = profile.backend if profile is not None else None
+        if value == "force":  # stricter than the default: never an escape
+            return True
+        return isinstance(backend, HamiBackend) and backend.gpu_core_policy == value != "default"
+    return False
+
+
 def _env_violations(
     pod: Mapping[str, Any], placement: Placement, cluster: ClusterView, namespace: str
 ) -> Iterator[Violation]:
@@ -104,10 +145,12 @@ def _env_violations(
             if _FORBIDDEN_ENV.match(name):
                 if name in mine and entry.get("value") == mine[name] and "valueFrom" not in entry:
                     continue
+                if _written_by_hamis_webhook(name, entry, ref, placement):
+                    continue
                 yield Violation(
                     "environment",
                     "GPUIsolationEscape",
-                    f"{_where(ref)}.env[{name}]: setting {name} can escape GPU isolation; "
+                    f"{_where(ref)}.env[{name}]: setting {name} {_escape_effect(name)}; "
                     "remove it (gpuwarden and the device plugin set what is needed)",
                 )
             elif name == "CUDA_VISIBLE_DEVICES":
@@ -162,7 +205,9 @@ def _env_from_violations(
     for kind, name, prefix in _env_sources(ref):
         known = cluster.env_source_keys.get((kind, namespace, name))
         if known is None:
-            if prefix and _FORBIDDEN_ENV.match(prefix + "X"):
+            if prefix and (
+                _FORBIDDEN_ENV.match(prefix + "X") or _FORBIDDEN_ENV.match(prefix + "0")
+            ):
                 yield Violation(
                     "environment",
                     "GPUIsolationEscape",
@@ -176,7 +221,7 @@ def _env_from_violations(
                     "environment",
                     "GPUIsolationEscape",
                     f"{_where(ref)}.envFrom[{name}]: {kind} key {key} sets "
-                    f"{prefix + key}, which can escape GPU isolation; remove that key",
+                    f"{prefix + key}, which {_escape_effect(prefix + key)}; remove that key",
                 )
 
 
@@ -439,8 +484,20 @@ def _tenant_limit_violations(placement: Placement, pod: Mapping[str, Any]) -> It
         )
 
 
+def tenant_gpu_memory(policies: PolicySet, cluster: ClusterView, tenant: Tenant) -> Decimal:
+    """GPU memory admitted to the tenant's live pods: the namespaces the policies give it."""
+    return sum(
+        (
+            amount
+            for namespace, amount in cluster.namespace_gpu_memory.items()
+            if policies.tenant_for(namespace, cluster.labels_for(namespace)) is tenant
+        ),
+        Decimal(0),
+    )
+
+
 def _quota_violations(
-    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView, policies: PolicySet
 ) -> Iterator[Violation]:
     tenant, profile = placement.tenant, placement.profile
     if tenant is None or profile is None or tenant.limits.gpu_memory_quota is None:
@@ -450,7 +507,7 @@ def _quota_violations(
         return
     quota = parse_non_negative(tenant.limits.gpu_memory_quota)
     ceiling = quota * Decimal(str(profile.overcommit_ratio))
-    used = cluster.tenant_gpu_memory.get(tenant.name, Decimal(0))
+    used = tenant_gpu_memory(policies, cluster, tenant)
     if used + wanted > ceiling:
         yield Violation(
             "gpu_memory_quota",
@@ -506,7 +563,7 @@ def _checks(
         ("privileged", lambda: _privilege_violations(pod)),
         ("host_namespaces", lambda: _host_namespace_violations(pod)),
         ("scheduling", lambda: _scheduling_violations(pod, placement, cluster)),
-        ("gpu_memory_quota", lambda: _quota_violations(pod, placement, cluster)),
+        ("gpu_memory_quota", lambda: _quota_violations(pod, placement, cluster, policies)),
     ]
 
 

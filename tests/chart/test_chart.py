@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from gpuwarden.cli import main as gpuwarden
+from gpuwarden.node.mps import device_plugin_directories
 from gpuwarden.policy import PolicySet, keys, load_paths
 from gpuwarden.policy.model import LabelSelector
 from gpuwarden.policy.render import render
@@ -389,6 +390,22 @@ def test_node_agent_can_leave_the_mps_daemon_to_the_device_plugin() -> None:
     assert (args["--mps-daemon"], args["--mps-pipe-dir"]) == ("external", pipe)
 
 
+def test_node_agent_finds_the_device_plugins_daemon_of_a_renamed_resource() -> None:
+    """The device plugin's daemon for nvidia.com/gpu.shared talks on <root>/<resource>/pipe
+    (NVIDIA/k8s-device-plugin cmd/mps-control-daemon/mps/root.go)."""
+    rendering = template(
+        sets={"nodeAgent.mps.daemon": "external", "nodeAgent.mps.resource": "nvidia.com/gpu.shared"}
+    )
+    pod = rendering.one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert _args(container)["--mps-resource"] == "nvidia.com/gpu.shared"
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert "/run/nvidia/mps/nvidia.com/gpu.shared/pipe" in mounts
+    assert "/dev/shm" not in mounts  # the device plugin's own daemon runs it: no shm to share
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/nvidia.com/gpu.shared/pipe"
+
+
 def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None:
     daemonset = default.one("DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
@@ -405,16 +422,17 @@ def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None
     env = {e["name"]: e for e in container["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     args = _args(container)
-    assert (args["--mps-pipe-dir"], args["--mps-log-dir"]) == (
-        keys.DEFAULT_MPS_PIPE_DIRECTORY,
-        keys.DEFAULT_MPS_LOG_DIRECTORY,
-    )
+    # NVIDIA's device plugin layout, which the agent looks up from the root and the resource.
+    layout = device_plugin_directories(Path(args["--mps-root"]), args["--mps-resource"])
+    assert (args["--mps-root"], args["--mps-resource"]) == ("/run/nvidia/mps", "nvidia.com/gpu")
+    assert "--mps-pipe-dir" not in args and "--mps-log-dir" not in args
     assert args["--on-violation"] == "event"
     assert args["--mps-daemon"] == "manage"
     host_paths = {v["hostPath"]["path"]: v["name"] for v in pod["volumes"] if "hostPath" in v}
     assert set(host_paths) == {
-        keys.DEFAULT_MPS_PIPE_DIRECTORY,
-        keys.DEFAULT_MPS_LOG_DIRECTORY,
+        str(layout.pipe),
+        str(layout.log),
+        "/run/nvidia/mps/shm",  # the daemon's shared memory with its clients, as /dev/shm
         "/sys/fs/cgroup",
     }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
@@ -529,8 +547,9 @@ def test_rendered_objects_pass_through_the_chart(
     assert passed == expected
     quota = with_objects.one("ResourceQuota", "gpuwarden-nlp")
     assert quota["metadata"]["namespace"] == "nlp"
+    # Pods request their cap; the 100G quota admits caps up to 100G x the notebook's ratio 1.5.
     assert quota["spec"]["hard"] == {
-        "requests.volcano.sh/vgpu-memory": str(-(-100 * 10**9 // 2**20))
+        "requests.volcano.sh/vgpu-memory": str(-(-150 * 10**9 // 2**20))
     }
 
 

@@ -164,7 +164,7 @@ LITERALS: Mapping[str, Literal | None] = {
         "alice-jupyter",
         {
             "volcano.sh/vgpu-number": "1",
-            "volcano.sh/vgpu-memory": "10923",
+            "volcano.sh/vgpu-memory": "16384",
             "volcano.sh/vgpu-cores": "50",
         },
         "gpuwarden-light-training",

@@ -15,10 +15,43 @@ def test_an_mps_node_advertises_its_replicas_as_the_device_plugin_does() -> None
     assert node["status"]["allocatable"]["nvidia.com/gpu.shared"] == "32"
     assert "nvidia.com/gpu" not in node["status"]["allocatable"]
     labels = node["metadata"]["labels"]
-    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    # GFD appends -SHARED only where the replicas keep the name nvidia.com/gpu.
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert (labels["nvidia.com/gpu.replicas"], labels["nvidia.com/gpu.count"]) == ("4", "8")
     assert labels["nvidia.com/gpu.sharing-strategy"] == "mps"
     assert node["metadata"]["annotations"] == {"kwok.x-k8s.io/node": "fake"}
+
+
+def test_gfd_marks_the_product_shared_only_where_replicas_keep_the_gpu_name() -> None:
+    """internal/lm/resource.go (getProductName) in NVIDIA/k8s-device-plugin."""
+    renamed = GpuNodePool("renamed", 1, 8, mps_replicas=4, rename_shared=True)
+    unrenamed = GpuNodePool("unrenamed", 1, 8, mps_replicas=4)
+    whole = GpuNodePool("whole", 1, 8)
+    products = {
+        pool.name: pool.manifests()[0]["metadata"]["labels"]["nvidia.com/gpu.product"]
+        for pool in (renamed, unrenamed, whole)
+    }
+    assert products == {
+        "renamed": "NVIDIA-H100-80GB-HBM3",
+        "unrenamed": "NVIDIA-H100-80GB-HBM3-SHARED",
+        "whole": "NVIDIA-H100-80GB-HBM3",
+    }
+    assert unrenamed.manifests()[0]["status"]["allocatable"]["nvidia.com/gpu"] == "32"
+    # A workload that names its product may land on every one of them, as on a real cluster.
+    pod = workload_pod(
+        "katib-trial",
+        name="t",
+        namespace="n",
+        workload="hpo",
+        gpus=1,
+        products=["NVIDIA-H100-80GB-HBM3"],
+    )
+    required = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    ((expression,),) = [term["matchExpressions"] for term in required["nodeSelectorTerms"]]
+    assert expression["key"] == "nvidia.com/gpu.product" and expression["operator"] == "In"
+    assert set(products.values()) <= set(expression["values"])
 
 
 def test_a_whole_gpu_node_with_a_tenant_taint() -> None:

@@ -9,6 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.node import mps
 from gpuwarden.node.agent import (
     REASON_BAD_ANNOTATION,
     REASON_CAP_EXCEEDED,
@@ -23,7 +24,7 @@ from gpuwarden.node.agent import (
 )
 from gpuwarden.node.fake import FakeNvml
 from gpuwarden.node.metrics import agent_registry
-from gpuwarden.node.mps import ProcessMpsControl
+from gpuwarden.node.mps import ProcessMpsControl, device_plugin_directories
 from gpuwarden.node.procfs import ProcFs
 
 from .conftest import FakeProc, GiB, container_id, make_pod
@@ -412,3 +413,45 @@ def test_a_capped_process_named_like_an_mps_server_is_still_checked(
     report = agent.tick([pod_a()])
     assert [v.pids for v in report.violations] == [(9001,)]
     assert report.unknown == ()
+
+
+def test_managing_the_device_plugins_daemon_the_agent_sets_caps_above_the_equal_share(
+    nvml: FakeNvml, mps_bin: Path, proc: FakeProc, tmp_path: Path
+) -> None:
+    """NVIDIA's device plugin gives each MPS client 1/replicas of a GPU (40Gi / 4 = 10Gi and 25%
+    here) and a client can only lower that; where the agent runs the daemon the plugin's pods
+    use (<root>/<resource>/pipe), the pods' own caps hold, above that share too."""
+    layout = device_plugin_directories(tmp_path / "run-nvidia-mps", "nvidia.com/gpu.shared")
+    control = ProcessMpsControl(binary=str(mps_bin), pipe_dir=layout.pipe, log_dir=layout.log)
+    fake = FakeMps(layout.pipe)
+    agent = agent_for(nvml, control, proc)
+    assert fake.running() and control.daemon_pid() == fake.state()["daemon_pid"]
+    fake.add_server(SERVER, uid=1000)
+    proc.add_mps_server(SERVER, 1000)
+    big = pod_a(cap="16Gi", threads=50, run_as_user=1000)
+    report = agent.tick([big])
+    assert report.commands == (
+        "set_default_device_pinned_mem_limit 0 16384M",
+        "set_default_active_thread_percentage 50",
+        "set_device_pinned_mem_limit 700 0 16384M",
+        "set_active_thread_percentage 700 50",
+    )
+    # the pod's next client gets its cap, whatever its environment says
+    assert fake.add_client(SERVER, 9001) == {"threads": 50.0, "mem": {"0": "16384M"}}
+
+
+def test_on_the_device_plugins_own_daemon_the_agent_sets_the_pods_limits_too(
+    nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
+) -> None:
+    """external: the plugin started the daemon with its equal share, as daemon.go's Start does."""
+    control.start_daemon()
+    control.send(mps.set_default_mem(0, 10240))
+    control.send(mps.set_default_threads(25))
+    fake_mps.clear_log()
+    agent = agent_for(nvml, control, proc, manage_daemon=False)
+    assert not agent.started_daemon
+    agent.tick([pod_a(cap="16Gi", threads=50)])
+    assert fake_mps.changes() == [
+        "set_default_device_pinned_mem_limit 0 16384M",
+        "set_default_active_thread_percentage 50",
+    ]

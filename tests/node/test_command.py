@@ -52,6 +52,11 @@ def kubeconfig(tmp_path: Path) -> Path:
         (["--node-name", "n", "--memory-ceiling", "10"], "--memory-ceiling 10 is below 1Mi"),
         (["--node-name", "n", "--metrics-port", "70000"], "--metrics-port must be 0-65535"),
         (
+            ["--node-name", "n", "--mps-resource", "../gpu"],
+            "--mps-resource: '../gpu' is not an extended resource name such as "
+            "nvidia.com/gpu.shared",
+        ),
+        (
             ["--node-name", "n", "--kubeconfig", "/nonexistent/kubeconfig"],
             "/nonexistent/kubeconfig: no such kubeconfig file",
         ),
@@ -130,6 +135,8 @@ def test_help_lists_the_agents_flags(capsys: pytest.CaptureFixture[str]) -> None
         "--kubeconfig",
         "--interval",
         "--on-violation",
+        "--mps-root",
+        "--mps-resource",
         "--mps-pipe-dir",
         "--mps-log-dir",
         "--metrics-port",

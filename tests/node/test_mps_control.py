@@ -14,6 +14,23 @@ from gpuwarden.node.mps import MpsError, MpsUnavailable, ProcessMpsControl
 from .mps_fake import SOURCE, FakeMps
 
 
+def test_the_device_plugins_daemon_is_found_under_its_root_by_resource() -> None:
+    """NVIDIA/k8s-device-plugin cmd/mps-control-daemon/mps/root.go: <root>/<resource>/pipe."""
+    root = Path("/run/nvidia/mps")
+    assert mps.device_plugin_directories(root, "nvidia.com/gpu.shared") == mps.MpsDirectories(
+        pipe=Path("/run/nvidia/mps/nvidia.com/gpu.shared/pipe"),
+        log=Path("/run/nvidia/mps/nvidia.com/gpu.shared/log"),
+    )
+    default = ProcessMpsControl("nvidia-cuda-mps-control")
+    assert (default.pipe_dir, default.log_dir) == (
+        Path("/run/nvidia/mps/nvidia.com/gpu/pipe"),
+        Path("/run/nvidia/mps/nvidia.com/gpu/log"),
+    )
+    for bad in ("gpu", "/nvidia.com/gpu", "nvidia.com/../../etc", "nvidia.com/gpu/pipe"):
+        with pytest.raises(ValueError, match="not an extended resource name"):
+            mps.device_plugin_directories(root, bad)
+
+
 def test_commands_fail_clearly_before_the_daemon_runs(control: ProcessMpsControl) -> None:
     control.pipe_dir.mkdir(parents=True)
     with pytest.raises(MpsUnavailable, match=r"no MPS control daemon answers on .*pipe"):

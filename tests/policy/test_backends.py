@@ -8,6 +8,8 @@ import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, mutate
 from gpuwarden.policy.backends import plan_for
+from gpuwarden.policy.lint import lint_warnings
+from gpuwarden.policy.loader import PolicyError
 from gpuwarden.policy.resources import GPU_RESOURCES
 
 from .support import apply_ops, container, create, gpu_pod, policies_from
@@ -56,20 +58,18 @@ def governed(policies: PolicySet, profile: str, namespace: str = "team") -> dict
     [
         (
             # On nodes where only the volcano-vgpu device plugin runs, whole GPUs are vGPUs that
-            # take all of a device's memory and cores.
+            # take all of a device's cores; naming no memory gives all of its memory, and the
+            # plugin advertises no vgpu-memory-percentage that a request for one could fit.
             "vol-whole-vgpu",
-            {
-                "volcano.sh/vgpu-number": "2",
-                "volcano.sh/vgpu-memory-percentage": "100",
-                "volcano.sh/vgpu-cores": "100",
-            },
+            {"volcano.sh/vgpu-number": "2", "volcano.sh/vgpu-cores": "100"},
             "volcano",
         ),
         (
             "vol-shared",
             {
                 "volcano.sh/vgpu-number": "1",
-                "volcano.sh/vgpu-memory": str(-(-16 * 1024 * 2 // 3)),  # 16Gi / 1.5 in MiB, up
+                # The request is HAMi-core's enforced cap: maxMemory, whatever the ratio.
+                "volcano.sh/vgpu-memory": str(16 * 1024),
                 "volcano.sh/vgpu-cores": "50",
             },
             "volcano",
@@ -82,7 +82,7 @@ def governed(policies: PolicySet, profile: str, namespace: str = "team") -> dict
         ),
         (
             "hami-shared",
-            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "30"},
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192", "nvidia.com/gpucores": "30"},
             "hami-scheduler",
         ),
         (
@@ -125,9 +125,39 @@ def test_volcano_preemptable_annotation(policies: PolicySet) -> None:
     batch = governed(policies, "vol-batch")
     assert batch["metadata"]["annotations"]["volcano.sh/preemptable"] == "true"
     assert batch["spec"]["preemptionPolicy"] == "Never"
-    assert (
-        "volcano.sh/preemptable" not in governed(policies, "vol-whole")["metadata"]["annotations"]
+    # Volcano reads a pod without the annotation as preemptable, so "false" is written.
+    whole = governed(policies, "vol-whole")["metadata"]["annotations"]
+    assert whole["volcano.sh/preemptable"] == "false"
+
+
+def test_volcano_preemptable_annotation_set_by_the_user_is_replaced(policies: PolicySet) -> None:
+    pod = gpu_pod(
+        namespace="team",
+        labels={"gpuwarden.io/profile": "vol-whole"},
+        annotations={"volcano.sh/preemptable": "true"},
     )
+    decision = mutate(create(pod), policies, ClusterView())
+    assert apply_ops(pod, decision)["metadata"]["annotations"]["volcano.sh/preemptable"] == (
+        "false"
+    )
+
+
+def test_a_gang_scheduled_pod_is_told_where_its_queue_is_set(policies: PolicySet) -> None:
+    """Volcano takes a gang member's queue from its PodGroup, which the job controller made."""
+    pod = gpu_pod(
+        namespace="team",
+        labels={"gpuwarden.io/profile": "vol-whole"},
+        annotations={"scheduling.k8s.io/group-name": "resnet"},
+    )
+    decision = mutate(create(pod), policies, ClusterView())
+    assert (
+        "gpuwarden: Volcano queues this pod by its PodGroup resnet: set the job's "
+        "runPolicy.schedulingPolicy.queue to team-queue"
+    ) in decision.warnings
+    alone = mutate(
+        create(gpu_pod(labels={"gpuwarden.io/profile": "vol-whole"})), policies, ClusterView()
+    )
+    assert not [w for w in alone.warnings if "PodGroup" in w]
 
 
 def test_only_volcano_writes_volcano_annotations(policies: PolicySet) -> None:
@@ -242,3 +272,49 @@ def test_every_backend_records_the_decision_for_the_node_agent(policies: PolicyS
         "4Gi",
         "2",
     )
+
+
+GPU_TYPES_SPEC = """
+profiles:
+  - {name: vol-a100, maxMemory: 8Gi, gpuTypes: [A100, H100]}
+  - {name: vol-whole-a100, gpuShare: false, gpuTypes: [A100]}
+  - {name: hami-h100, gpuShare: false, gpuTypes: [H100], backend: hami}
+  - {name: mps-h100, maxMemory: 8Gi, gpuTypes: [H100], backend: nvidia}
+tenants: [{name: team, namespaces: [team]}]
+"""
+
+
+def test_gpu_types_become_use_gputype_where_the_scheduler_reads_it() -> None:
+    policies = policies_from(GPU_TYPES_SPEC)
+    use = "nvidia.com/use-gputype"
+    assert governed(policies, "vol-a100")["metadata"]["annotations"][use] == "A100,H100"
+    assert governed(policies, "hami-h100")["metadata"]["annotations"][use] == "H100"
+    # Whole GPUs through NVIDIA's device plugin and MPS replicas: nothing reads it.
+    for profile in ("vol-whole-a100", "mps-h100"):
+        assert use not in governed(policies, profile)["metadata"]["annotations"], profile
+    warnings = lint_warnings(policies)
+    for profile in ("vol-whole-a100", "mps-h100"):
+        assert any(
+            w.startswith(f"profile {profile}: gpuTypes has no effect")
+            and "nvidia.com/gpu.product" in w
+            for w in warnings
+        ), profile
+    assert not [w for w in warnings if w.startswith("profile vol-a100: gpuTypes")]
+
+
+def test_a_gpu_type_the_user_chose_is_replaced_with_a_warning() -> None:
+    policies = policies_from(GPU_TYPES_SPEC)
+    pod = gpu_pod(
+        labels={"gpuwarden.io/profile": "hami-h100"},
+        annotations={"nvidia.com/use-gputype": "T4"},
+    )
+    decision = mutate(create(pod), policies, ClusterView())
+    assert apply_ops(pod, decision)["metadata"]["annotations"]["nvidia.com/use-gputype"] == "H100"
+    assert "gpuwarden: nvidia.com/use-gputype: T4 replaced by H100 (profile hami-h100)" in (
+        decision.warnings
+    )
+
+
+def test_a_gpu_type_with_a_comma_is_refused_at_load() -> None:
+    with pytest.raises(PolicyError, match="gpuTypes"):
+        policies_from("profiles: [{name: a, gpuTypes: ['A100,H100']}]")

@@ -54,7 +54,10 @@ def test_lint_reports_risky_settings_and_strict_fails_on_them(
     )
     code, out, err = run(capsys, "lint", str(path))
     assert code == 0
-    assert "warning: profile a: volcano's in-container limiter enforces the reserved memory" in err
+    assert (
+        "warning: profile a: overcommitRatio 2 has no per-pod form on volcano: pods request and "
+        "are capped at maxMemory 8Gi"
+    ) in err
     assert "warning: profile b: the native backend cannot share GPUs" in err
     assert out.strip().endswith("2 warnings")
     assert run(capsys, "lint", "--strict", str(path))[0] == 1

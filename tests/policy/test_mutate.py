@@ -50,7 +50,7 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
             "alice-jupyter",
             {
                 "volcano.sh/vgpu-number": "1",
-                "volcano.sh/vgpu-memory": "10923",
+                "volcano.sh/vgpu-memory": "16384",
                 "volcano.sh/vgpu-cores": "50",
             },
             ("gpuwarden-light-training", 100),

@@ -190,6 +190,80 @@ def test_forbidden_env_in_any_container(policies: PolicySet, name: str, field: s
     assert decision.reason == "GPUIsolationEscape"
 
 
+# What HAMi-core's limiter reads on Volcano vGPU and HAMi nodes (issue 18, item 5).
+LIMITER_SWITCHES = [
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_LIMIT",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_SM_LIMIT",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_TASK_PRIORITY",
+]
+
+
+@pytest.mark.parametrize("name", LIMITER_SWITCHES)
+def test_a_tenant_cannot_switch_off_hami_core(policies: PolicySet, name: str) -> None:
+    pod = pod_with()
+    main(pod)["env"] = [{"name": name, "value": "1"}]
+    decision = denial(pod, policies)
+    assert (
+        f"spec.containers[main].env[{name}]: setting {name} can lift the GPU caps HAMi-core's "
+        "limiter holds the pod to; remove it"
+    ) in decision.message
+    assert decision.reason == "GPUIsolationEscape"
+
+
+def test_hami_core_switches_from_a_config_map_are_denied(policies: PolicySet) -> None:
+    pod = pod_with()
+    main(pod)["envFrom"] = [{"configMapRef": {"name": "tuning"}, "prefix": "CUDA_"}]
+    cluster = ClusterView(
+        env_source_keys={("ConfigMap", "team", "tuning"): frozenset({"DISABLE_CONTROL", "X"})}
+    )
+    decision = denial(pod, policies, cluster)
+    assert (
+        "spec.containers[main].envFrom[tuning]: ConfigMap key DISABLE_CONTROL sets "
+        "CUDA_DISABLE_CONTROL, which can lift the GPU caps"
+    ) in decision.message
+
+
+def test_what_hamis_own_webhook_writes_is_admitted(policies: PolicySet) -> None:
+    """HAMi's webhook runs before validation and writes these from the pod and its config."""
+    pod = pod_with()
+    main(pod)["resources"]["limits"]["nvidia.com/priority"] = "0"
+    main(pod)["env"] = [
+        {"name": "CUDA_TASK_PRIORITY", "value": "0"},
+        {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+    ]
+    assert admit(create(pod), policies, ClusterView()).allowed
+    main(pod)["env"][0]["value"] = "-5"  # not what the container's priority says
+    assert "env[CUDA_TASK_PRIORITY]" in denial(pod, policies).message
+
+
+def test_a_disabled_core_limit_passes_only_where_hami_is_configured_so() -> None:
+    spec = """
+profiles:
+  - {name: unlimited, maxMemory: 4Gi, backend: {type: hami, gpuCorePolicy: disable}}
+  - {name: limited, maxMemory: 4Gi, backend: hami}
+tenants: [{name: team, namespaces: [team]}]
+"""
+    policies = policies_from(spec)
+    for profile, allowed in (("unlimited", True), ("limited", False)):
+        pod = gpu_pod(namespace="team", labels={"gpuwarden.io/profile": profile})
+        main(pod)["env"] = [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}]
+        assert admit(create(pod), policies, ClusterView()).allowed is allowed, profile
+
+
+def test_variables_that_only_look_like_limiter_switches_are_allowed(policies: PolicySet) -> None:
+    pod = pod_with()
+    main(pod)["env"] = [
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_GB", "value": "1"},
+        {"name": "LIBCUDA_LOG_LEVEL", "value": "0"},
+    ]
+    assert admit(create(pod), policies, ClusterView()).allowed
+
+
 def test_visible_devices_on_a_pod_without_gpu(policies: PolicySet) -> None:
     """The hole NVIDIA's runtime leaves open: no GPU requested, every GPU visible."""
     pod = gpu_pod(
@@ -752,7 +826,7 @@ def test_quota_switch() -> None:
             "    namespaces: [team]\n    enforcement: {gpuMemoryQuota: false}\n",
         )
     )
-    full = ClusterView(tenant_gpu_memory={"team": Decimal(1000 * GI)})
+    full = ClusterView(namespace_gpu_memory={"team": Decimal(1000 * GI)})
     assert admitted(pod_with(), off, full) == (True, "")
 
 
@@ -782,7 +856,7 @@ def test_tenant_gpu_memory_quota_times_overcommit(
     policies: PolicySet, used_gi: float, used_text: str | None
 ) -> None:
     """team: quota 32Gi; profile shared: 8Gi cap, overcommit 2 -> 64Gi of caps may be admitted."""
-    cluster = ClusterView(tenant_gpu_memory={"team": Decimal(str(used_gi)) * GI})
+    cluster = ClusterView(namespace_gpu_memory={"team": Decimal(str(used_gi)) * GI})
     ok, message = admitted(pod_with(), policies, cluster)
     assert ok is (used_text is None)
     if used_text is not None:
@@ -796,15 +870,28 @@ def test_tenant_gpu_memory_quota_times_overcommit(
 def test_quota_counts_every_gpu_of_every_container(policies: PolicySet) -> None:
     """shared-big gives 2 GPUs with a 40Gi cap each: 80Gi against 32Gi x 1 in a roomy tenant."""
     spec = SPEC.replace("maxGpuMemoryPerPod: 64Gi, ", "")
-    cluster = ClusterView(tenant_gpu_memory={"team": Decimal(0)})
+    cluster = ClusterView(namespace_gpu_memory={"team": Decimal(0)})
     ok, message = admitted(pod_with("shared-big"), policies_from(spec), cluster)
     assert not ok
     assert "this pod adds 80Gi, past its quota 32Gi x overcommit 1 = 32Gi" in message
 
 
 def test_quota_is_per_tenant(policies: PolicySet) -> None:
-    cluster = ClusterView(tenant_gpu_memory={"someone-else": Decimal(1000 * GI)})
+    """What the pods of another tenant's namespaces hold never counts, whatever they claim."""
+    cluster = ClusterView(
+        namespace_gpu_memory={"sharers": Decimal(1000 * GI), "picky": Decimal(1000 * GI)}
+    )
     assert admitted(pod_with(), policies, cluster) == (True, "")
+
+
+def test_quota_sums_every_namespace_of_the_tenant() -> None:
+    spec = SPEC.replace("    namespaces: [team]\n", "    namespaces: [team, team-dev]\n")
+    cluster = ClusterView(
+        namespace_gpu_memory={"team": Decimal(30 * GI), "team-dev": Decimal(30 * GI)}
+    )
+    ok, message = admitted(pod_with(), policies_from(spec), cluster)
+    assert not ok
+    assert "tenant team has 60Gi of GPU memory admitted; this pod adds 8Gi" in message
 
 
 # --- the mutator and validator agree -------------------------------------------------------

@@ -142,6 +142,7 @@ def test_trainer_v2_replicated_jobs(replicated: str, container: str) -> None:
             "jobset.sigs.k8s.io/jobset-name": "llama-sft",
             "jobset.sigs.k8s.io/replicatedjob-name": replicated,
         },
+        container=container,
     )
     workload = identify(pod)
     assert workload is not None

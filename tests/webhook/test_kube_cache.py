@@ -126,14 +126,14 @@ def test_priority_classes_are_cached(
     eventually(lambda: name not in cluster.view().priority_classes, "the deletion")
 
 
-def test_tenant_gpu_memory_across_create_finish_and_delete(
+def test_namespace_gpu_memory_across_create_finish_and_delete(
     cluster: WatchedCluster, api_client: k8s_client.ApiClient, namespace: str
 ) -> None:
     core = k8s_client.CoreV1Api(api_client)
     tenant = f"t-{uuid.uuid4().hex[:8]}"
 
     def used() -> Decimal:
-        return cluster.view().tenant_gpu_memory.get(tenant, Decimal(0))
+        return cluster.view().namespace_gpu_memory.get(namespace, Decimal(0))
 
     core.create_namespaced_pod(namespace, charged_pod("a", tenant, "8Gi"))
     eventually(lambda: used() == 8 * GiB, "the first pod's charge")
@@ -153,7 +153,22 @@ def test_tenant_gpu_memory_across_create_finish_and_delete(
     core.patch_namespaced_pod_status("b", namespace, {"status": {"phase": "Succeeded"}})
     eventually(lambda: used() == 8 * GiB, "the finished pod's release")
     core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
-    eventually(lambda: tenant not in cluster.view().tenant_gpu_memory, "the deleted pod's release")
+    eventually(
+        lambda: namespace not in cluster.view().namespace_gpu_memory, "the deleted pod's release"
+    )
+
+
+def test_a_pod_charges_its_own_namespace_whatever_tenant_it_names(
+    cluster: WatchedCluster, api_client: k8s_client.ApiClient, namespace: str
+) -> None:
+    """Issue 19: a pod claiming another tenant in its annotations charges where it lives."""
+    core = k8s_client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, charged_pod("forged", "tenant-a", "1Pi"))
+    eventually(
+        lambda: cluster.view().namespace_gpu_memory.get(namespace) == 2**50,
+        "the charge to the pod's own namespace",
+    )
+    assert "tenant-a" not in cluster.view().namespace_gpu_memory
 
 
 def test_cache_lag_bounds_the_quota_overshoot(
@@ -167,7 +182,7 @@ def test_cache_lag_bounds_the_quota_overshoot(
         started = time.monotonic()
         core.create_namespaced_pod(namespace, charged_pod(f"p{i}", tenant, "1Gi"))
         eventually(
-            lambda i=i: cluster.view().tenant_gpu_memory.get(tenant) == (i + 1) * GiB,  # type: ignore[misc]
+            lambda i=i: cluster.view().namespace_gpu_memory.get(namespace) == (i + 1) * GiB,  # type: ignore[misc]
             "the charge",
         )
         lags.append(time.monotonic() - started)
@@ -402,7 +417,7 @@ async def test_the_server_uses_live_namespaces_and_enforces_the_quota(
                 await asyncio.to_thread(
                     eventually,
                     lambda i=i: (
-                        server.context.cluster.view().tenant_gpu_memory.get(tenant)  # type: ignore[union-attr]
+                        server.context.cluster.view().namespace_gpu_memory.get(ns)  # type: ignore[union-attr]
                         == (i + 1) * 16 * GiB
                     ),
                     "the new pod's charge",
