@@ -164,10 +164,10 @@ def verdict(value: float, target: float, *, at_most: bool) -> str:
 
 
 def format_runs(runs: Sequence[RunStats]) -> list[str]:
-    lines = [f"{'webhooks':<12}{'clients':>8}{'pods/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"]
+    lines = [f"{'webhooks':<18}{'clients':>8}{'pods/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'errors':>8}"]
     for run in runs:
         lines.append(
-            f"{run.peer:<12}{run.clients:>8}{run.rate:>9.0f}{run.p50:>9.2f}{run.p99:>9.2f}"
+            f"{run.peer:<18}{run.clients:>8}{run.rate:>9.0f}{run.p50:>9.2f}{run.p99:>9.2f}"
             f"{run.errors:>8}"
         )
     return lines
@@ -343,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-cli", action="store_true", help="skip the offline CLI comparison")
     parser.add_argument("--quick", action="store_true", help="3 s runs, 500 CLI pods")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument(
+        "--mix",
+        action="store_true",
+        help="instead: a Kubeflow namespace's mix (CPU pods, a KFP run's pods, GPU pods) with "
+        "no webhook and with gpuwarden, per class of pod (webhook.scope: policies)",
+    )
     return parser
 
 
@@ -389,6 +395,43 @@ def example_pods() -> list[Obj]:
     if not pods:
         raise SystemExit(f"no Pod manifests in {EXAMPLES}")
     return pods
+
+
+def mix_pods() -> dict[str, list[Obj]]:
+    """A Kubeflow profile namespace's pods by class, in tenant-a.
+
+    cpu: pods the default policy cannot change (a web server, a CPU notebook, a CPU KServe
+    predictor), which the chart's matchConditions keep away from gpuwarden; kfp-cpu: a KFP run's
+    driver and a CPU step, which are sent (the default policy gives pipeline steps GPUs by task
+    name); gpu: GPU pods (a training step, a notebook, a predictor).
+    """
+    plain = yaml.safe_load((DEFAULT_POLICIES / "tests" / "pods" / "plain-web.yaml").read_text())
+    examples = {name: yaml.safe_load((EXAMPLES / f"{name}.yaml").read_text()) for name in (
+        "kfp-driver", "kfp-train-step", "notebook", "kserve-predictor")}  # fmt: skip
+
+    def without_gpus(pod: Obj, name: str) -> Obj:
+        copied: Obj = json.loads(json.dumps(pod))
+        copied["metadata"]["name"] = name
+        for container in copied["spec"]["containers"]:
+            for section in ("limits", "requests"):
+                values = (container.get("resources") or {}).get(section) or {}
+                for key in [k for k in values if k.startswith("nvidia.com/")]:
+                    del values[key]
+        return copied
+
+    classes = {
+        "cpu": [
+            plain,
+            without_gpus(examples["notebook"], "cpu-notebook-0"),
+            without_gpus(examples["kserve-predictor"], "cpu-predictor-0"),
+        ],
+        "kfp-cpu": [
+            examples["kfp-driver"],
+            without_gpus(examples["kfp-train-step"], "cpu-step-0"),
+        ],
+        "gpu": [examples["kfp-train-step"], examples["notebook"], examples["kserve-predictor"]],
+    }
+    return {name: in_namespace(pods, "tenant-a") for name, pods in classes.items()}
 
 
 def namespace_manifests() -> list[Obj]:
@@ -1012,7 +1055,78 @@ def machine_note() -> str:
     return f"{os.cpu_count()} CPUs, load average {load1:.2f} at the start"
 
 
+def run_mix(args: argparse.Namespace) -> int:
+    """Per class of pod: pods/s and latency with no webhook, then with gpuwarden (each run after
+    a control run of the same pods in kube-system), and the latency gpuwarden adds."""
+    tools = Tools.load()
+    classes = mix_pods()
+    workdir = Path(tempfile.mkdtemp(prefix="gpuwarden-bench-mix-"))
+    print(f"bench/apiserver.py --mix: {machine_note()}; work directory {workdir}", flush=True)
+    runs: list[RunStats] = []
+    context = multiprocessing.get_context("spawn")
+    try:
+        with (
+            ControlPlane(tools, keep_workdir=args.keep) as plane,
+            context.Pool(args.processes) as pool,
+        ):
+            prepare_cluster(plane, workdir / "cluster")
+
+            def one_run(peer: str, clients: int, duration: float, batch: list[Obj]) -> RunStats:
+                return measure(
+                    peer,
+                    clients,
+                    kubeconfig=plane.kubeconfig_path,
+                    pods=batch,
+                    duration=duration,
+                    warmup=args.warmup,
+                    processes=args.processes,
+                    pool=pool,
+                )
+
+            one_run("none", max(args.clients), 3.0, classes["cpu"])  # warm-up, unmeasured
+            for name, pods in classes.items():
+                for clients in args.clients:
+                    runs.append(one_run(f"none/{name}", clients, args.duration, pods))
+            with gpuwarden_webhooks(plane, workdir / "gpuwarden"):
+                for name, pods in classes.items():
+                    control = in_namespace(pods, CONTROL_NAMESPACE)
+                    for clients in args.clients:
+                        part = args.duration / args.rounds
+                        controls, hooked = [], []
+                        for _ in range(args.rounds):
+                            controls.append(one_run(f"ctl/{name}", clients, part, control))
+                            hooked.append(one_run(f"gpuwarden/{name}", clients, part, pods))
+                        runs += [pooled(controls), pooled(hooked)]
+        print()
+        print(
+            f"through the API server, dryRun=All, {args.duration:g} s per class and concurrency "
+            f"(gpuwarden's in {args.rounds} runs, each after a control run of the same pods in "
+            f"{CONTROL_NAMESPACE}): " + "; ".join(f"{k}: {len(v)} pods" for k, v in classes.items())
+        )
+        for line in format_runs(runs):
+            print(line)
+        by_key = {(run.peer, run.clients): run for run in runs}
+        print(
+            f"{'gpuwarden adds':<17}{'clients':>8}{'p50 +ms':>9}{'p99 +ms':>9}{'pods/s ratio':>14}"
+        )
+        for name in classes:
+            for clients in args.clients:
+                added = added_latency(
+                    by_key[(f"gpuwarden/{name}", clients)], by_key[(f"ctl/{name}", clients)]
+                )
+                print(
+                    f"{name:<17}{clients:>8}{added.p50_ms:>9.2f}{added.p99_ms:>9.2f}"
+                    f"{added.throughput_ratio:>13.2f}x"
+                )
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.mix:
+        return run_mix(args)
     tools = Tools.load()
     kyverno: KyvernoTools | None = None
     if not args.no_kyverno:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import Protocol
@@ -19,11 +20,19 @@ COMMANDS: dict[str, str] = {
     "certs": "certs",
     "node-agent": "node_agent",
     "simulate": "simulate",
+    "review": "review",
 }
+
+#: The --log-level choices of every command that has one.
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 EXIT_OK = 0
 EXIT_DENIED = 1
 EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A command was given what it cannot use: ``error: <message>`` and exit status 2."""
 
 
 class Command(Protocol):
@@ -44,18 +53,38 @@ def _load(module: str) -> Command | None:
     return loaded
 
 
+def version() -> str:
+    """The installed distribution's version (``unknown`` when run from a bare checkout)."""
+    try:
+        return importlib.metadata.version("gpuwarden")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpuwarden",
         description="Multi-tenant GPU governance for Kubeflow: policies, admission webhooks, "
         "node agent and a dry-run CLI.",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"gpuwarden {version()}", help="print the version"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module in COMMANDS.items():
         command = _load(module)
         if command is None:
             continue
-        command_parser = sub.add_parser(name, help=command.HELP, description=command.HELP)
+        # A command's DESCRIPTION (laid out by hand, e.g. a file format) is its --help text.
+        description = getattr(command, "DESCRIPTION", None)
+        command_parser = sub.add_parser(
+            name,
+            help=command.HELP,
+            description=description or command.HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter
+            if description
+            else argparse.HelpFormatter,
+        )
         command.register(command_parser)
         command_parser.set_defaults(handler=command.run)
     return parser
@@ -66,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         code: int = args.handler(args)
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

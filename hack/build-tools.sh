@@ -7,22 +7,25 @@
 #   etcd                      go.etcd.io/etcd/server/v3
 #   helm                      helm.sh/helm/v4/cmd/helm
 #   kwok                      sigs.k8s.io/kwok/cmd/kwok (fake nodes for the scheduling lab)
+#   kueue                     sigs.k8s.io/kueue/cmd/kueue (tenant queues in the lab)
 #
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL=, HELM=, KUBE_SCHEDULER= and KWOK= lines (absolute paths). Go's module and
-# build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are warm.
+# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK= and KUEUE= lines (absolute paths). Go's module
+# and build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are
+# warm; the lab reads Kueue's CRDs and webhook manifests from its module there.
 #
 # `go install pkg@version` refuses k8s.io/kubernetes (and etcd's server module)
 # because their go.mod files carry replace directives pointing into their own
 # source trees. Instead this script generates a throwaway build module under
 # ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
 # staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
-# kwok's go.mod has no replace directives, so it builds with plain `go install`.
+# kwok's and kueue's go.mod have no replace directives, so they build with plain
+# `go install`.
 #
 # Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION,
-# KWOK_VERSION; the Go
+# KWOK_VERSION, KUEUE_VERSION; the Go
 # toolchain with GO.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -31,6 +34,7 @@ KUBERNETES_VERSION="${KUBERNETES_VERSION:-v1.37.2}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 
 LOG_NAME=build-tools
 # shellcheck source=hack/lib.sh
@@ -42,6 +46,7 @@ etcd="$cache/etcd-$ETCD_VERSION/etcd"
 helm="$cache/helm-$HELM_VERSION/helm"
 kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
 kwok="$cache/kwok-$KWOK_VERSION/kwok"
+kueue="$cache/kueue-$KUEUE_VERSION/kueue"
 
 write_env() {
 	local tmp="$cache/tools.env.tmp.$$"
@@ -52,6 +57,7 @@ write_env() {
 		echo "HELM=$helm"
 		echo "KUBE_SCHEDULER=$kube_scheduler"
 		echo "KWOK=$kwok"
+		echo "KUEUE=$kueue"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
 }
@@ -156,6 +162,18 @@ build_kwok() {
 	rm -rf "$bindir/.gobin"
 }
 
+build_kueue() {
+	local bindir
+	bindir="$(dirname "$kueue")"
+	mkdir -p "$bindir"
+	rm -rf "$bindir/.gobin"
+	GOBIN="$bindir/.gobin" "$GO" install -trimpath \
+		-ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+		"sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+	mv -f "$bindir/.gobin/kueue" "$kueue"
+	rm -rf "$bindir/.gobin"
+}
+
 # Everything runs inside main, which bash parses whole before running, so editing this file
 # while a (long) build is in progress cannot derail that build.
 main() {
@@ -165,7 +183,7 @@ main() {
 
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
 	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
-		-x "$kube_scheduler" && -x "$kwok" ]]; then
+		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -194,6 +212,9 @@ main() {
 	fi
 	if [[ ! -x "$kwok" ]]; then
 		timed "kwok $KWOK_VERSION" build_kwok
+	fi
+	if [[ ! -x "$kueue" ]]; then
+		timed "kueue $KUEUE_VERSION" build_kueue
 	fi
 	log "done in $((SECONDS - total))s"
 

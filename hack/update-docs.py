@@ -1,15 +1,26 @@
-"""Regenerate what the policy model generates: the README's field table and the chart's CRD."""
+"""Regenerate what the policy model generates: the README's field table, the chart's CRD, the
+chart's values.schema.json (which Helm checks `policies` against) and files/gpupolicy.schema.json
+(which the chart's templates check policies given as YAML text against)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from gpuwarden.policy.schema import crd_yaml, policy_field_table
+from gpuwarden.policy.schema import (
+    crd_yaml,
+    policy_document_schema,
+    policy_field_table,
+    schema_json,
+    values_schema,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-CRD = ROOT / "charts" / "gpuwarden" / "crds" / "gpupolicies.gpuwarden.io.yaml"
+CHART = ROOT / "charts" / "gpuwarden"
+CRD = CHART / "crds" / "gpupolicies.gpuwarden.io.yaml"
+VALUES_SCHEMA = CHART / "values.schema.json"
+POLICY_SCHEMA = CHART / "files" / "gpupolicy.schema.json"
 START, END = "<!-- fields:start -->", "<!-- fields:end -->"
 
 
@@ -19,10 +30,22 @@ def readme_with_table(text: str) -> str:
     return f"{head}{START}\n{policy_field_table().rstrip()}\n{END}{tail}"
 
 
+def generated_files() -> dict[Path, str]:
+    """Every file generated from the model but the README, with its content."""
+    return {
+        CRD: crd_yaml(),
+        VALUES_SCHEMA: schema_json(values_schema()),
+        POLICY_SCHEMA: schema_json(policy_document_schema()),
+    }
+
+
 def main() -> int:
     README.write_text(readme_with_table(README.read_text()))
-    CRD.write_text(crd_yaml())
-    print(f"updated {README.relative_to(ROOT)} and {CRD.relative_to(ROOT)}")
+    for path, text in generated_files().items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    written = [README, *generated_files()]
+    print("updated " + ", ".join(str(path.relative_to(ROOT)) for path in written))
     return 0
 
 

@@ -29,3 +29,15 @@ def test_readme_field_table_covers_the_seed_fields() -> None:
     readme = (ROOT / "README.md").read_text()
     for field in ("gpuShare", "maxMemory", "overcommitRatio", "priority", "preemptible"):
         assert f"`spec.profiles[].{field}`" in readme
+
+
+def test_chart_files_generated_from_the_model_are_current() -> None:
+    docs = _update_docs_module()
+    generated = docs.generated_files()
+    names = {path.relative_to(ROOT).as_posix() for path in generated}
+    assert {
+        "charts/gpuwarden/values.schema.json",
+        "charts/gpuwarden/files/gpupolicy.schema.json",
+    } <= names
+    for path, text in generated.items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `make docs`"

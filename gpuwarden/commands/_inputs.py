@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any, cast
 
 import yaml
 
+from gpuwarden.cli import UsageError
 from gpuwarden.policy import (
     AdmissionRequest,
     ClusterView,
@@ -23,6 +25,10 @@ from gpuwarden.policy import (
 from gpuwarden.policy.decision import Operation
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+# A namespace name is a DNS label (RFC 1123), as the API server checks it.
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# Namespaces every cluster has: a dry run may assume them without a --namespaces entry.
+_BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
 
 
 class InputError(Exception):
@@ -48,8 +54,47 @@ def eprint(*parts: object) -> None:
     print(*parts, file=sys.stderr)
 
 
-def load_policies(paths: Sequence[str]) -> PolicySet | None:
-    """The policy set, or None after printing every problem to stderr."""
+class _ExtendPaths(argparse.Action):
+    """Adds its values to the list in ``dest``, so positional paths and -p PATH gather together."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        have = list(getattr(namespace, self.dest, None) or [])
+        added = [values] if isinstance(values, str) else list(values or [])
+        setattr(namespace, self.dest, have + added)
+
+
+def add_policy_paths(parser: argparse.ArgumentParser) -> None:
+    """Policy files or directories as positional PATHs, -p PATH or both (into ``args.paths``)."""
+    parser.add_argument(
+        "paths",
+        nargs="*",
+        action=_ExtendPaths,
+        metavar="PATH",
+        help="policy file or directory (the same as -p PATH)",
+    )
+    parser.add_argument(
+        "--policies",
+        "-p",
+        dest="paths",
+        action=_ExtendPaths,
+        metavar="PATH",
+        help="policy file or directory; repeatable",
+    )
+
+
+def load_policies(paths: Sequence[str] | None) -> PolicySet | None:
+    """The policy set, or None after printing every problem to stderr.
+
+    No paths at all is a usage error (exit status 2 through gpuwarden.cli.main).
+    """
+    if not paths:
+        raise UsageError("no policies given: name policy files or directories (PATH or -p PATH)")
     try:
         return load_paths(paths)
     except PolicyError as exc:
@@ -174,24 +219,90 @@ def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FI
     parser.add_argument(
         "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
     )
-    parser.add_argument("--policies", "-p", action="append", required=True, metavar="PATH")
+    parser.add_argument(
+        "--policies",
+        "-p",
+        action="append",
+        required=True,
+        metavar="PATH",
+        help="policy file or directory; repeatable",
+    )
     parser.add_argument(
         "--namespaces",
         metavar="FILE",
-        help="Namespace, PriorityClass and ConfigMap manifests, as kubectl get -o yaml writes them",
+        help="Namespace, PriorityClass and ConfigMap manifests, as kubectl get -o yaml writes "
+        "them: the cluster the dry run assumes",
     )
-    parser.add_argument("--namespace", "-n", metavar="NS", help="Namespace for every pod")
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        metavar="NS",
+        help="namespace for every pod (default: each pod's own, else default)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="fail (exit 2) where the dry run assumes what the cluster would not, instead of "
+        "warning (a pod's namespace missing from --namespaces FILE)",
+    )
+
+
+def namespace_name(
+    value: str | None, flag: str = "--namespace", files: str = "--namespaces FILE"
+) -> str | None:
+    """``value`` when it is a namespace name; InputError (with the likely mix-up: a file of
+    Namespace manifests, which ``files`` takes) otherwise."""
+    if value is None or _DNS_LABEL.fullmatch(value):
+        return value
+    hint = ""
+    if "/" in value or value.endswith((".yaml", ".yml", ".json")) or Path(value).exists():
+        hint = f"; to give the cluster's Namespace manifests, use {files}"
+    raise InputError(
+        f"{flag} {value!r} is not a namespace name (a lowercase DNS label, as kubectl -n takes)"
+        f"{hint}"
+    )
+
+
+def unseen_namespaces(pods: Sequence[PodInput], cluster: ClusterView, source: str) -> list[str]:
+    """What the dry run assumes of the pods' namespaces that the cluster in ``source`` lacks:
+    on a cluster without the namespace the API server refuses the pod before any webhook."""
+    problems = []
+    for item in pods:
+        namespace = item.request.namespace
+        if namespace in cluster.namespace_labels or namespace in _BUILTIN_NAMESPACES:
+            continue
+        problems.append(
+            f"{item.label}: namespace {namespace} is not in {source}: on that cluster the API "
+            "server refuses the pod before gpuwarden sees it; the dry run assumed a namespace "
+            "with no labels (add it to the file, or pick a namespace with -n)"
+        )
+    return problems
 
 
 def load_dry_run(args: argparse.Namespace) -> DryRun | None:
-    """The inputs of a dry run, or None after printing what is wrong (exit status 2)."""
+    """The inputs of a dry run, or None after printing what is wrong (exit status 2).
+
+    What the dry run assumes and the cluster would not have is a warning, or with --strict an
+    error.
+    """
+    try:
+        namespace = namespace_name(args.namespace)
+    except InputError as exc:
+        eprint(f"error: {exc}")
+        return None
     policies = load_policies(args.policies)
     if policies is None:
         return None
     try:
         cluster = load_cluster([args.namespaces] if args.namespaces else [])
-        pods = read_pods(args.files, args.namespace)
+        pods = read_pods(args.files, namespace)
     except InputError as exc:
         eprint(f"error: {exc}")
+        return None
+    assumed = unseen_namespaces(pods, cluster, args.namespaces) if args.namespaces else []
+    strict = bool(getattr(args, "strict", False))
+    for line in assumed:
+        eprint(f"{'error' if strict else 'warning'}: {line}")
+    if assumed and strict:
         return None
     return DryRun(policies, cluster, pods)

@@ -17,7 +17,14 @@ HELP = "Show what gpuwarden would do to pods (the mutated pod, the patch or a di
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_dry_run_arguments(parser)
-    parser.add_argument("-o", "--output", choices=("yaml", "json", "patch", "diff"), default="yaml")
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("yaml", "json", "patch", "diff"),
+        default="yaml",
+        help="the mutated pod (yaml, the default, or json), the JSON Patch the webhook would "
+        "send, or a diff of the pod",
+    )
 
 
 def dump_yaml(obj: object) -> str:

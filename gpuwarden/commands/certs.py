@@ -63,76 +63,136 @@ def _subdomain(text: str) -> str:
     return text
 
 
+_KUBECONFIG_HELP = "kubeconfig (default: in-cluster, then ~/.kube/config)"
+_DAYS_HELP = "lifetime of the serving certificate, in days (default 90)"
+
+
+def _action(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
+) -> argparse.ArgumentParser:
+    return sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+
+
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
 
-    issue = sub.add_parser("issue", help="a new CA and serving certificate for a Service")
-    issue.add_argument("--service", required=True, help="the webhook's Service name")
-    issue.add_argument("--namespace", required=True, help="the Service's namespace")
+    issue = _action(sub, "issue", "a new CA and serving certificate for a Service")
     issue.add_argument(
-        "--out", type=Path, required=True, help="directory for ca.crt, tls.crt, tls.key"
+        "--service", required=True, metavar="NAME", help="the webhook's Service name"
     )
-    issue.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
     issue.add_argument(
-        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+        "--service-namespace",
+        "--namespace",
+        dest="namespace",
+        required=True,
+        metavar="NS",
+        help="the Service's namespace (--namespace is its older name, kept working)",
+    )
+    issue.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for ca.crt, tls.crt, tls.key",
+    )
+    issue.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="extra DNS name or IP; repeatable",
+    )
+    issue.add_argument(
+        "--days", type=_days, default=datetime.timedelta(days=90), metavar="DAYS", help=_DAYS_HELP
     )
     issue.add_argument("--force", action="store_true", help="replace existing files")
 
-    inject = sub.add_parser(
-        "inject", help="patch caBundle into the Mutating and Validating WebhookConfigurations"
+    inject = _action(
+        sub, "inject", "patch caBundle into the Mutating and Validating WebhookConfigurations"
     )
-    inject.add_argument("--ca", type=Path, required=True, help="the CA bundle (ca.crt)")
-    inject.add_argument("--webhook-config", required=True, help="name of both configurations")
     inject.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, ~/.kube/config)"
+        "--ca", type=Path, required=True, metavar="FILE", help="the CA bundle (ca.crt)"
     )
+    inject.add_argument(
+        "--webhook-config", required=True, metavar="NAME", help="name of both configurations"
+    )
+    inject.add_argument("--kubeconfig", type=Path, metavar="FILE", help=_KUBECONFIG_HELP)
 
-    rotate = sub.add_parser(
+    rotate = _action(
+        sub,
         "rotate",
-        help="renew the serving certificate before expiry; with --ca, roll to a new CA safely",
+        "renew the serving certificate before expiry; with --ca, roll to a new CA safely",
     )
-    rotate.add_argument("--dir", type=Path, required=True, help="the certificate directory")
+    rotate.add_argument(
+        "--dir", type=Path, required=True, metavar="DIR", help="the certificate directory"
+    )
     rotate.add_argument(
         "--ca", action="store_true", help="start a new CA (the old stays in the bundle)"
     )
     rotate.add_argument("--force", action="store_true", help="renew even if not yet due")
     rotate.add_argument(
-        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+        "--days", type=_days, default=datetime.timedelta(days=90), metavar="DAYS", help=_DAYS_HELP
     )
     rotate.add_argument(
         "--webhook-config",
+        metavar="NAME",
         help="publish the new bundle there before moving the serving certificate to the new CA",
     )
-    rotate.add_argument("--kubeconfig", type=Path)
+    rotate.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="FILE",
+        help=f"{_KUBECONFIG_HELP}; used with --webhook-config",
+    )
 
-    sync = sub.add_parser(
+    sync = _action(
+        sub,
         "sync",
-        help="keep a shared Secret holding the CA and serving certificate, publish the CA as "
+        "keep a shared Secret holding the CA and serving certificate, publish the CA as "
         "caBundle, and copy the four files into a directory (the chart's init container)",
     )
     sync.add_argument(
-        "--secret", type=_subdomain, required=True, help="the Secret (it must exist; may be empty)"
+        "--secret",
+        type=_subdomain,
+        required=True,
+        metavar="NAME",
+        help="the Secret (it must exist; may be empty)",
     )
     sync.add_argument(
-        "--namespace", type=_label, required=True, help="namespace of the Secret and Service"
+        "--namespace",
+        type=_label,
+        required=True,
+        metavar="NS",
+        help="namespace of the Secret and Service",
     )
-    sync.add_argument("--service", type=_label, required=True, help="the webhook's Service name")
+    sync.add_argument(
+        "--service", type=_label, required=True, metavar="NAME", help="the webhook's Service name"
+    )
     sync.add_argument(
         "--webhook-config",
         type=_subdomain,
         required=True,
+        metavar="NAME",
         help="name of both webhook configurations to publish the CA in",
     )
     sync.add_argument(
-        "--out", type=Path, required=True, help="directory for ca.crt, ca.key, tls.crt, tls.key"
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="directory for ca.crt, ca.key, tls.crt, tls.key",
     )
-    sync.add_argument("--san", action="append", default=[], help="extra DNS name or IP")
     sync.add_argument(
-        "--days", type=_days, default=datetime.timedelta(days=90), help="serving lifetime"
+        "--san",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="extra DNS name or IP; repeatable",
     )
     sync.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, ~/.kube/config)"
+        "--days", type=_days, default=datetime.timedelta(days=90), metavar="DAYS", help=_DAYS_HELP
     )
+    sync.add_argument("--kubeconfig", type=Path, metavar="FILE", help=_KUBECONFIG_HELP)
 
 
 def _err(message: str) -> None:

@@ -8,6 +8,7 @@ import sys
 from gpuwarden.commands._inputs import add_dry_run_arguments, load_dry_run
 from gpuwarden.policy import admit
 from gpuwarden.policy.placement import place
+from gpuwarden.policy.precedence import beaten_tenants
 from gpuwarden.policy.quantity import format_bytes
 
 HELP = "Explain which tenant, rule and profile a pod gets, and why other rules did not match"
@@ -32,15 +33,19 @@ def run(args: argparse.Namespace) -> int:
         result = admit(request, policies, cluster)
         out.write(f"pod {item.label} ({item.source})\n")
         out.write(f"  tenant:   {placement.tenant_reason}\n")
+        labels = cluster.labels_for(request.namespace)
+        for line in beaten_tenants(policies.tenants, request.namespace, labels):
+            out.write(f"            {line}\n")
         workload = placement.workload
         out.write(
             f"  workload: {workload.describe() + ' [' + workload.evidence + ']' if workload else 'not a Kubeflow workload'}\n"
         )
         out.write("  rules:\n")
-        for name, verdict in placement.trace:
-            mark = "MATCH" if verdict.matched else "  -  "
-            out.write(f"    {mark} {name}: {verdict.reason}\n")
-        if not placement.trace:
+        for name, verdict, lost in placement.outcomes:
+            mark = "  -  " if not verdict.matched else "LOST " if lost else "MATCH"
+            why = f"{verdict.reason}; {lost}" if lost else verdict.reason
+            out.write(f"    {mark} {name}: {why}\n")
+        if not placement.outcomes:
             out.write("    (no rule was tried)\n")
         profile = placement.profile
         if profile is None:

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from gpuwarden.cli import LOG_LEVELS
 from gpuwarden.kube.client import KubeConfigError, api_client
 from gpuwarden.kube.node_pods import NodeCluster
 from gpuwarden.node import mps
@@ -34,12 +35,23 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node-name",
         default=None,
+        metavar="NAME",
         help="this node's name (the pods watched are those with spec.nodeName equal to it; "
         "default: $NODE_NAME)",
     )
-    parser.add_argument("--kubeconfig", type=Path, default=None, help="default: in-cluster")
     parser.add_argument(
-        "--interval", type=float, default=10.0, help="seconds between enforcement passes"
+        "--kubeconfig",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="kubeconfig (default: in-cluster)",
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds between enforcement passes (default 10)",
     )
     parser.add_argument(
         "--on-violation",
@@ -51,22 +63,37 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--mps-root",
         type=Path,
         default=Path(mps.DEVICE_PLUGIN_ROOT),
+        metavar="DIR",
         help="the MPS root of NVIDIA's device plugin (its chart's mps.root); the daemon's "
         "directories are <root>/<resource>/pipe and <root>/<resource>/log",
     )
     parser.add_argument(
         "--mps-resource",
         default=mps.DEVICE_PLUGIN_RESOURCE,
+        metavar="RESOURCE",
         help="the resource the device plugin shares through MPS: nvidia.com/gpu, or "
         "nvidia.com/gpu.shared where its sharing config sets renameByDefault",
     )
     parser.add_argument(
-        "--mps-pipe-dir", type=Path, default=None, help="default: <root>/<resource>/pipe"
+        "--mps-pipe-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the MPS daemon's pipe directory (default: <root>/<resource>/pipe)",
     )
     parser.add_argument(
-        "--mps-log-dir", type=Path, default=None, help="default: <root>/<resource>/log"
+        "--mps-log-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the MPS daemon's log directory (default: <root>/<resource>/log)",
     )
-    parser.add_argument("--mps-control-bin", default="nvidia-cuda-mps-control")
+    parser.add_argument(
+        "--mps-control-bin",
+        default="nvidia-cuda-mps-control",
+        metavar="PATH",
+        help="the MPS control program (default nvidia-cuda-mps-control, found on PATH)",
+    )
     parser.add_argument(
         "--mps-daemon",
         choices=("manage", "external"),
@@ -75,9 +102,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         "component runs it (NVIDIA's device plugin in MPS mode)",
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=9400, help="Prometheus metrics port (0: none)"
+        "--metrics-port",
+        type=int,
+        default=9400,
+        metavar="PORT",
+        help="Prometheus metrics port (default 9400; 0: none)",
     )
-    parser.add_argument("--metrics-host", default="0.0.0.0")
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        metavar="HOST",
+        help="address the metrics port listens on (default 0.0.0.0)",
+    )
     parser.add_argument(
         "--hard-limits",
         choices=("auto", "off"),
@@ -90,12 +126,26 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="QUANTITY",
         help="never let the MPS daemon default exceed this (e.g. 20Gi)",
     )
-    parser.add_argument("--proc-root", type=Path, default=Path("/proc"))
-    parser.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"))
+    parser.add_argument(
+        "--proc-root",
+        type=Path,
+        default=Path("/proc"),
+        metavar="DIR",
+        help="the host's /proc, to find GPU processes' pods (default /proc)",
+    )
+    parser.add_argument(
+        "--cgroup-root",
+        type=Path,
+        default=Path("/sys/fs/cgroup"),
+        metavar="DIR",
+        help="the host's cgroup filesystem, for hard limits (default /sys/fs/cgroup)",
+    )
     parser.add_argument(
         "--once", action="store_true", help="run one pass, print its report as JSON, and exit"
     )
-    parser.add_argument("--log-level", choices=("debug", "info", "warning"), default="info")
+    parser.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="info", help="log verbosity (default info)"
+    )
 
 
 def _fail(message: str, code: int) -> int:

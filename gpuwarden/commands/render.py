@@ -15,25 +15,34 @@ from gpuwarden.policy.render import Rendering, RenderOptions, quota_key_warnings
 from gpuwarden.policy.schema import SchemaError, crd_manifest, crd_yaml, policy_field_table
 
 HELP = (
-    "Print the PriorityClasses, tenant ResourceQuotas and Volcano Queues a policy set implies "
-    "(or the GPUPolicy CRD, or the policy field table)."
+    "Print the PriorityClasses, tenant ResourceQuotas and Volcano Queues a policy set implies, "
+    "with --kueue Kueue's queues too (or the GPUPolicy CRD, or the policy field table)."
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 # Newest schema set kubernetes-validate ships that is not newer than the clusters we test on.
 DEFAULT_KUBERNETES_VERSION = "1.37"
 # Kinds whose schema kubernetes-validate does not have: said, never silently passed.
-UNCHECKED_KINDS = {"Queue": "Volcano's Queue CRD schema is not bundled"}
+UNCHECKED_KINDS = {
+    "Queue": "Volcano's Queue CRD schema is not bundled",
+    **{
+        kind: "Kueue's CRD schemas are not bundled (tests check them against Kueue v0.17.0's)"
+        for kind in ("ClusterQueue", "ResourceFlavor", "LocalQueue")
+    },
+}
 
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
+        "-p",
         action="append",
         metavar="PATH",
         help="policy file or directory; repeatable (not needed with --crd or --field-table)",
     )
-    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.add_argument(
+        "-o", "--output", choices=("yaml", "json"), default="yaml", help="format (default yaml)"
+    )
     what = parser.add_mutually_exclusive_group()
     what.add_argument(
         "--crd", action="store_true", help="print the GPUPolicy CustomResourceDefinition"
@@ -51,6 +60,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-quotas", action="store_true", help="leave out ResourceQuotas")
     parser.add_argument("--no-queues", action="store_true", help="leave out Volcano Queues")
     parser.add_argument(
+        "--kueue",
+        action="store_true",
+        help="also print Kueue objects: a ClusterQueue per tenant with a quota or queueSpec (one "
+        "cohort), its GPU pools' ResourceFlavors and a LocalQueue 'default' per tenant namespace",
+    )
+    parser.add_argument(
         "--check-quotas",
         action="append",
         default=[],
@@ -61,6 +76,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--kubernetes-version",
         default=DEFAULT_KUBERNETES_VERSION,
+        metavar="X.Y",
         help=f"schema version objects are validated against (default {DEFAULT_KUBERNETES_VERSION})",
     )
 
@@ -192,6 +208,7 @@ def run(args: argparse.Namespace) -> int:
         priority_classes=not args.no_priority_classes,
         quotas=not args.no_quotas,
         queues=not args.no_queues,
+        kueue=args.kueue,
     )
     rendering = render(policies, options)
     for error in rendering.errors:

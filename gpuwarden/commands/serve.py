@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
+import resource
+import sys
 from pathlib import Path
 
 from gpuwarden.certs.material import LOCAL_NAMES, serving_names
 from gpuwarden.kube.client import KubeConfigError
 from gpuwarden.policy.manifests import ManifestError
 from gpuwarden.webhook import logs
-from gpuwarden.webhook.app import DEFAULT_MAX_BODY, Settings
-from gpuwarden.webhook.server import ServeConfig, ServeError, serve
+from gpuwarden.webhook.app import DEFAULT_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_BODY, Settings
+from gpuwarden.webhook.server import ConnectionLimits, ServeConfig, ServeError, serve
 
 HELP = "Serve the admission webhook (/mutate, /validate) over HTTPS, with probes and metrics."
 
 log = logging.getLogger("gpuwarden.webhook")
 
+LIMITS = ConnectionLimits()
+# Descriptors a worker needs besides its connections: listeners, watch streams, the policy and
+# certificate files, logs, the supervisor's pipes.
+OTHER_FILES = 256
+
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policies",
+        "-p",
         action="append",
         required=True,
         metavar="PATH",
@@ -67,6 +76,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
     )
     cluster.add_argument(
+        "--watch-policies",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also serve the cluster's GPUPolicy objects (after the files, in name order) and "
+        "write each one's status (default: on with a cluster, off with --namespaces)",
+    )
+    cluster.add_argument(
         "--watch-timeout",
         type=int,
         default=300,
@@ -95,6 +111,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         help=f"largest AdmissionReview accepted (default {DEFAULT_MAX_BODY})",
     )
     behaviour.add_argument(
+        "--max-body-bytes-in-flight",
+        type=int,
+        default=DEFAULT_BODY_BYTES_IN_FLIGHT,
+        help="request bodies held at once per worker, from reading to answering; past it a "
+        "request waits, within its deadline, then gets 503 "
+        f"(default {DEFAULT_BODY_BYTES_IN_FLIGHT}; at least --max-body-bytes)",
+    )
+    behaviour.add_argument(
         "--reload-interval",
         type=float,
         default=2.0,
@@ -114,7 +138,42 @@ def register(parser: argparse.ArgumentParser) -> None:
         "reaches the API server (default 0; the chart sets 5)",
     )
     behaviour.add_argument(
-        "--log-level", default="info", choices=("debug", "info", "warning", "error")
+        "--log-level",
+        default="info",
+        choices=("debug", "info", "warning", "error"),
+        help="log verbosity (default info)",
+    )
+    connections = parser.add_argument_group(
+        "connections (each listener, each worker: memory stays bounded however many arrive)"
+    )
+    connections.add_argument(
+        "--max-connections",
+        type=int,
+        default=LIMITS.max_connections,
+        help="connections held at once; a new one past it closes the one that has waited on "
+        "its client longest (handshake, idle, or a request still arriving), never one being "
+        f"answered (default {LIMITS.max_connections})",
+    )
+    connections.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=LIMITS.handshake_timeout,
+        help=f"seconds from accepting a connection to the end of its TLS handshake "
+        f"(default {LIMITS.handshake_timeout:g})",
+    )
+    connections.add_argument(
+        "--header-timeout",
+        type=float,
+        default=LIMITS.header_timeout,
+        help=f"seconds from a request's first byte to the end of its headers "
+        f"(default {LIMITS.header_timeout:g})",
+    )
+    connections.add_argument(
+        "--keepalive-timeout",
+        type=float,
+        default=LIMITS.keepalive_timeout,
+        help=f"seconds a kept-alive connection may wait for its next request "
+        f"(default {LIMITS.keepalive_timeout:g})",
     )
 
 
@@ -123,7 +182,43 @@ def _usage(message: str) -> int:
     return 2
 
 
-def config_from(args: argparse.Namespace) -> ServeConfig:
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard one; return the soft limit now in force.
+
+    Each held connection is a descriptor, and the usual soft limit of 1,024 runs out first:
+    accepts then fail, and nothing else (probes, watches) can open a socket either.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    # Linux refuses an infinite RLIMIT_NOFILE: settle for a million (nr_open's default).
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:
+        log.warning(
+            "cannot raise the open-file limit",
+            extra={"fields": {"soft": soft, "hard": hard, "error": str(exc)}},
+        )
+        return soft
+    return target
+
+
+def fitted_max_connections(asked: int, open_files: int) -> int:
+    """--max-connections lowered, if need be, so both listeners' connections fit in the
+    open-file limit (past it accepts fail, and asyncio logs each failure)."""
+    fits = max((open_files - OTHER_FILES) // 2, 1)
+    if asked <= fits:
+        return asked
+    log.warning(
+        "--max-connections lowered to fit the open-file limit; raise the hard limit "
+        "(ulimit -Hn, or the container runtime's LimitNOFILE) to keep it",
+        extra={"fields": {"asked": asked, "max_connections": fits, "open_files": open_files}},
+    )
+    return fits
+
+
+def config_from(args: argparse.Namespace, *, open_files: int | None = None) -> ServeConfig:
     # The names `certs sync` puts into the shared certificate, so a renewal here matches it.
     if args.service:
         synced = serving_names(args.service, args.service_namespace, args.san)
@@ -133,6 +228,9 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
     if args.host not in ("0.0.0.0", "::", "") and args.host not in names:
         names.append(args.host)
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    max_connections = args.max_connections
+    if open_files is not None:
+        max_connections = fitted_max_connections(max_connections, open_files)
     return ServeConfig(
         policies=tuple(Path(p) for p in args.policies),
         host=args.host,
@@ -145,9 +243,21 @@ def config_from(args: argparse.Namespace) -> ServeConfig:
         serving_names=tuple(dict.fromkeys(names)),
         namespaces_file=args.namespaces,
         kubeconfig=args.kubeconfig,
+        watch_policies=(
+            args.namespaces is None if args.watch_policies is None else args.watch_policies
+        ),
         workers=args.workers,
         settings=Settings(
-            failure_mode=args.failure_mode, deadline=args.deadline, max_body=args.max_body_bytes
+            failure_mode=args.failure_mode,
+            deadline=args.deadline,
+            max_body=args.max_body_bytes,
+            max_body_in_flight=args.max_body_bytes_in_flight,
+        ),
+        connections=ConnectionLimits(
+            max_connections=max_connections,
+            handshake_timeout=args.handshake_timeout,
+            header_timeout=args.header_timeout,
+            keepalive_timeout=args.keepalive_timeout,
         ),
         reload_interval=args.reload_interval,
         shutdown_timeout=args.shutdown_timeout,
@@ -173,9 +283,29 @@ def run(args: argparse.Namespace) -> int:
         return _usage("--shutdown-timeout and --drain-delay must not be negative")
     if args.max_body_bytes < 1024:
         return _usage("--max-body-bytes must be at least 1024")
+    if args.max_body_bytes_in_flight < args.max_body_bytes:
+        return _usage("--max-body-bytes-in-flight must be at least --max-body-bytes")
+    if args.max_connections < 1:
+        return _usage("--max-connections must be at least 1")
+    if min(args.handshake_timeout, args.header_timeout, args.keepalive_timeout) <= 0:
+        return _usage(
+            "--handshake-timeout, --header-timeout and --keepalive-timeout must be positive"
+        )
     if args.namespaces is not None and not args.namespaces.is_file():
         return _usage(f"--namespaces {args.namespaces}: no such file")
+    open_files = raise_open_file_limit()
     try:
-        return serve(config_from(args))
+        return serve(config_from(args, open_files=open_files))
     except (ServeError, KubeConfigError, ManifestError) as exc:
         return _usage(str(exc))
+    except OSError as exc:  # a port taken or not ours: one line, not asyncio's traceback
+        print(f"error: {listen_error(exc, args.host, args.port)}", file=sys.stderr)
+        return 2
+
+
+def listen_error(exc: OSError, host: str, port: int) -> str:
+    """What a failed start says: the address asyncio could not bind, and why."""
+    found = re.search(r"bind on address \('?([^',]*)'?, (\d+)[^)]*\): (.+)", str(exc))
+    if found:
+        return f"cannot listen on {found[1]}:{found[2]}: {found[3]}"
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import urllib3
@@ -70,7 +72,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sample", type=int, metavar="N", help="Alibaba traces: replay N of the GPU pods"
     )
-    parser.add_argument("--seed", type=int, default=0, help="the --sample draw (default 0)")
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="the --sample draw (default 0)"
+    )
     parser.add_argument("--trace-format", choices=("yaml", "csv"), help="default: by extension")
     parser.add_argument(
         "--namespaces",
@@ -82,6 +86,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--policies",
+        "-p",
         action="append",
         default=[],
         metavar="[NAME=]PATH",
@@ -101,9 +106,18 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="wall-clock seconds the whole trace is replayed in (default 360)",
     )
-    parser.add_argument("--horizon", help="simulated time to replay (default: the trace's end)")
-    parser.add_argument("--nodes", type=int, default=8)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument(
+        "--horizon",
+        metavar="DURATION",
+        help="simulated time to replay: seconds or durations such as 3d12h (default: the "
+        "trace's end)",
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=8, metavar="N", help="the lab's GPU nodes (default 8)"
+    )
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=8, metavar="N", help="GPUs on each node (default 8)"
+    )
     parser.add_argument(
         "--mps-nodes",
         type=_mps_nodes,
@@ -112,8 +126,16 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
         "as the strategy's shared pods ask for at most at once)",
     )
-    parser.add_argument("--mps-replicas", type=int, default=4, help="MPS replicas per GPU")
-    parser.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    parser.add_argument(
+        "--mps-replicas", type=int, default=4, metavar="N", help="MPS replicas per GPU (default 4)"
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        choices=("table", "json"),
+        default="table",
+        help="the comparison as a table (default) or JSON",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="write the figures to a PNG")
     parser.add_argument(
         "--dump-trace",
@@ -292,7 +314,16 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     return simulate.Plan(rows, _strategies(args), layout, namespaces, horizon, args.real_time)
 
 
+def interruptible() -> None:
+    """Let Ctrl-C stop the replay even where SIGINT was ignored at start (``nohup``, ``&`` jobs,
+    some CI runners): Python then installs no KeyboardInterrupt handler of its own. Only the
+    main thread may set handlers; elsewhere the caller's stay."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run(args: argparse.Namespace) -> int:
+    interruptible()
     try:
         plan = _plan(args)
     except (InputError, TraceError) as exc:

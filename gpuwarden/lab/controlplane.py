@@ -69,7 +69,7 @@ _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
 _PORT_IN_USE = "address already in use"
 # tools.env lines that may be missing (a cache built before the scheduling lab existed).
-_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK")
+_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK", "KUEUE")
 
 
 class ToolsMissingError(RuntimeError):
@@ -94,8 +94,8 @@ def cache_dir() -> Path:
 class Tools:
     """Absolute paths of the binaries built by hack/build-tools.sh.
 
-    kube-scheduler and kwok are None in a tools.env written before the lab's tools existed;
-    only the scheduling lab needs them (and says so).
+    kube-scheduler, kwok and kueue are None in a tools.env written before the lab's tools
+    existed; only the scheduling lab needs them (and says so).
     """
 
     kube_apiserver: Path
@@ -104,6 +104,7 @@ class Tools:
     helm: Path
     kube_scheduler: Path | None = None
     kwok: Path | None = None
+    kueue: Path | None = None
 
     @classmethod
     def load(cls, cache: Path | None = None) -> Tools:
@@ -135,6 +136,7 @@ class Tools:
             helm=paths["HELM"],
             kube_scheduler=paths.get("KUBE_SCHEDULER"),
             kwok=paths.get("KWOK"),
+            kueue=paths.get("KUEUE"),
         )
 
 

@@ -149,7 +149,7 @@ def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
         notes.append(
             f"{where}: backend {backend['type']} simulated as nvidia (MPS replicas as "
             f"nvidia.com/gpu.shared) on kube-scheduler's packing profile {BINPACK_SCHEDULER}; "
-            "its own scheduler is not"
+            f"the {backend['type']} scheduler itself is not run"
         )
         return dict(LAB_BACKEND)
     return backend

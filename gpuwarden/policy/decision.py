@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Literal
@@ -12,6 +12,11 @@ import orjson
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 # Warnings are shorter than this (the issue's "under 120 characters each").
 MAX_WARNING = 120
+# At most this many warning lines per answer, the last one counting those left out: a pod with
+# thousands of containers would otherwise get a line each. 10 lines of under 120 characters stay
+# well inside the 4096 characters the API server passes on before it cuts warnings short
+# (truncateAtTotalRunes in k8s.io/apiserver pkg/endpoints/filters/warning.go).
+MAX_WARNINGS = 10
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,7 @@ class AdmissionRequest:
 
     operation: Operation
     namespace: str
-    pod: Mapping[str, Any]
+    pod: Mapping[str, Any]  # the object under review: a Pod (a ConfigMap for validate_config_map)
     old_pod: Mapping[str, Any] | None = None
     sub_resource: str = ""
     uid: str = ""
@@ -79,3 +84,11 @@ def warning(text: str) -> str:
     """One warning line, kept under the API server's comfortable length."""
     text = " ".join(text.split())
     return text if len(text) < MAX_WARNING else text[: MAX_WARNING - 4] + "..."
+
+
+def bounded_warnings(lines: Sequence[str]) -> tuple[str, ...]:
+    """At most MAX_WARNINGS lines: the first ones, then one that counts the rest."""
+    if len(lines) <= MAX_WARNINGS:
+        return tuple(lines)
+    kept = MAX_WARNINGS - 1
+    return (*lines[:kept], f"gpuwarden: and {len(lines) - kept} more warnings like these")

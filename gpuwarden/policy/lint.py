@@ -1,4 +1,5 @@
-"""Risky but valid settings: what `gpuwarden lint` warns about (errors are the loader's)."""
+"""What `gpuwarden lint` reports: risky but valid settings (warnings), and tenants and rules
+that can never apply (errors; the loader's errors come first)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ from gpuwarden.policy.model import (
     Backend,
     HamiBackend,
     KatibTrialMatch,
-    KfpStepMatch,
     LabelSelector,
     NativeBackend,
     NvidiaBackend,
@@ -15,6 +15,7 @@ from gpuwarden.policy.model import (
     VolcanoBackend,
 )
 from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.precedence import shadowed_rules, tenant_problems
 from gpuwarden.policy.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
 
 # The device plugin setting that advertises scaling x each GPU's memory, per backend: the only
@@ -76,26 +77,29 @@ def lint_warnings(policies: PolicySet) -> list[str]:
                 )
     warnings += _memory_scaling_conflicts(policies)
     warnings += _katib_injection_warnings(policies)
-    seen_catch_all: dict[str, str] = {}
-    for rule, _ in policies.rules:
-        kind = rule.match.kind
-        if kind in seen_catch_all:
-            warnings.append(
-                f"rule {rule.name}: never matches, rule {seen_catch_all[kind]} takes every {kind} first"
-            )
-        elif kind != "selector" and not _filters(rule.match) and rule.max_gpu_request is None:
-            seen_catch_all[kind] = rule.name
+    warnings += _kueue_queue_warnings(policies)
     return warnings
 
 
-def _filters(match: object) -> bool:
-    """Whether a Kubeflow matcher narrows its kind (by names, types or jobs)."""
-    if isinstance(match, KfpStepMatch):
-        return bool(match.task_names)
-    for field in ("replica_types", "replicated_jobs", "experiments", "inference_services"):
-        if getattr(match, field, ()):
-            return True
-    return False
+def lint_errors(policies: PolicySet) -> list[str]:
+    """Tenants that can never be chosen or that only load order tells apart, and rules that can
+    never match, each with what shadows it (precedence.py says how policies combine)."""
+    errors = tenant_problems(policies.tenants)
+    several = len(policies.policies) > 1
+
+    def ref(index: int) -> str:
+        rule, policy = policies.rules[index]
+        return f"{rule.name} (policy {policy.metadata.name})" if several else rule.name
+
+    for index, by, does in shadowed_rules([rule for rule, _ in policies.rules]):
+        line = f"rule {ref(index)}: never matches, rule {ref(by)} {does}"
+        if policies.rules[index][1] is not policies.rules[by][1]:
+            line += (
+                "; rules apply in every namespace: to change what one tenant's pods get, "
+                "use that tenant's overrides"
+            )
+        errors.append(line)
+    return errors
 
 
 def _limiter_backend_warnings(
@@ -236,3 +240,31 @@ def _reads_gpu_types(backend: Backend, shared: bool) -> bool:
     if isinstance(backend, VolcanoBackend):
         return shared or backend.whole_gpus == "vgpu"
     return False
+
+
+def _kueue_queue_warnings(policies: PolicySet) -> list[str]:
+    """A queueSpec that no Volcano profile reads is a Kueue ClusterQueue (`gpuwarden render
+    --kueue`, gpuwarden/policy/kueue.py): say which of the article's Queue fields Kueue cannot
+    mean. Kueue counts devices against quotas; it has no overcommit and no deserved share."""
+    warnings: list[str] = []
+    for tenant in policies.tenants:
+        spec = tenant.queue_spec
+        allowed = tenant.limits.allowed_profiles
+        names = [n for n in policies.profiles if allowed is None or n in allowed]
+        profiles = [policies.resolve(name, tenant) for name in names]
+        if spec is None or any(isinstance(p.backend, VolcanoBackend) for p in profiles):
+            continue
+        where = f"tenant {tenant.name}: queueSpec is a Kueue ClusterQueue (render --kueue)"
+        over = [f"{p.name} {p.overcommit_ratio:g}" for p in profiles if p.overcommit_ratio > 1]
+        if over:
+            warnings.append(
+                f"{where}, which counts GPU devices against quota.gpus: overcommitRatio "
+                f"({', '.join(over)}) has no Kueue equivalent, and neither has a Queue "
+                "overcommitRatio; Kueue admits no more than the quota plus what it borrows"
+            )
+        if spec.deserved:
+            warnings.append(
+                f"{where}: queueSpec.deserved has no Kueue field; its share of the cohort is "
+                "its nominalQuota (quota.gpus), and fairSharing.weight (weight) for what it borrows"
+            )
+    return warnings

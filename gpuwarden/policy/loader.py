@@ -1,20 +1,25 @@
 """Load policy sets from YAML: GPUPolicy documents, ConfigMaps holding them, or a bare profiles.yaml.
 
 Loading is all or nothing: every problem is collected with the file, the document index and the
-field path, and a set with any problem is refused whole.
+field path (with its line where the field's YAML is read, and the field meant where a name is
+misspelled), and a set with any problem is refused whole.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import inspect
+import json
 import re
+import types
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, get_args
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpuwarden.policy import keys
 from gpuwarden.policy.model import (
@@ -69,9 +74,21 @@ class PolicySource:
     """Where a policy document came from."""
 
     source: str
-    document: int
+    document: int | None  # None for an object read from the API server: no file of documents
     prefix: str = ""
     bare: bool = False  # a bare profiles.yaml: its fields sit at the top, not under spec
+    node: yaml.Node | None = None  # the document's YAML, for line numbers
+    # The file's line number of the text's line 0 (text in a ConfigMap key sits further down the
+    # file); None where the text's lines are not the file's (a folded or quoted string).
+    line_offset: int | None = 0
+
+    def line(self, path: Sequence[int | str]) -> int | None:
+        """The file's line (1-based) of ``path`` in this document, as far as it exists."""
+        if self.node is None or self.line_offset is None:
+            return None
+        if self.bare and path[:1] == ["spec"]:
+            path = path[1:]
+        return self.line_offset + line_of(self.node, path)
 
     def issue(self, path: str, message: str) -> PolicyIssue:
         if self.bare:
@@ -107,11 +124,118 @@ def format_loc(loc: Iterable[int | str]) -> str:
     return out
 
 
+def compose_documents(text: str) -> list[tuple[Any, yaml.Node | None]]:
+    """Each YAML document of ``text`` (as ``yaml.safe_load_all`` reads it) with its node tree,
+    which knows the line of every key and item; raises yaml.YAMLError."""
+    loader = yaml.SafeLoader(text)
+    try:
+        out: list[tuple[Any, yaml.Node | None]] = []
+        while loader.check_node():
+            node = loader.get_node()
+            out.append((loader.construct_document(node), node))
+        return out
+    finally:
+        loader.dispose()
+
+
+def line_of(node: yaml.Node, path: Sequence[int | str]) -> int:
+    """The line (1-based) of the key or item at ``path`` under ``node``; where the path leaves
+    the document (a field that is missing), the line of the last part that is there."""
+    line = node.start_mark.line
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode) and key.value == str(part):
+                    line, node = key.start_mark.line, value
+                    break
+            else:
+                break
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if not 0 <= part < len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line
+        else:
+            break
+    return line + 1
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """``"; did you mean X?"`` for the choice closest to ``word`` (case aside), else ``""``."""
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f"; did you mean {by_lower[close[0]]}?" if close else ""
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a field's annotation allows, with Annotated, Optional and unions unwrapped."""
+    origin = get_origin(annotation)
+    if origin is Annotated:
+        return _members(get_args(annotation)[0])
+    if origin is Union or origin is types.UnionType:
+        return [member for arg in get_args(annotation) for member in _members(arg)]
+    return [] if annotation is type(None) else [annotation]
+
+
+def _is_model(annotation: Any) -> bool:
+    return inspect.isclass(annotation) and issubclass(annotation, BaseModel)
+
+
+def _tagged(model: type[BaseModel], tag: str) -> bool:
+    """Whether ``tag`` is the value of one of the model's Literal fields (a union's tag)."""
+    return any(
+        get_origin(info.annotation) is Literal and tag in get_args(info.annotation)
+        for info in model.model_fields.values()
+    )
+
+
+def _step(annotation: Any, part: int | str) -> Any:
+    """The annotation one part of a pydantic error location further in; None where lost."""
+    members = _members(annotation)
+    models = [member for member in members if _is_model(member)]
+    if isinstance(part, str) and len(models) > 1:
+        chosen = [model for model in models if _tagged(model, part)]
+        return chosen[0] if len(chosen) == 1 else None
+    for member in members:
+        origin = get_origin(member)
+        args = get_args(member)
+        if _is_model(member) and isinstance(part, str):
+            for name, info in member.model_fields.items():
+                if part in (name, info.alias):
+                    return info.annotation
+        elif origin in (list, tuple, Sequence) and isinstance(part, int) and args:
+            return args[0]
+        elif origin in (dict, Mapping) and isinstance(part, str) and len(args) == 2:
+            return args[1]
+    return None
+
+
+def field_names(model: type[BaseModel], loc: Sequence[int | str]) -> list[str]:
+    """The field names (as written in YAML) of the object at pydantic location ``loc``."""
+    annotation: Any = model
+    for part in loc:
+        if isinstance(part, str) and part.startswith("function-"):
+            continue
+        annotation = _step(annotation, part)
+        if annotation is None:
+            return []
+    names: set[str] = set()
+    for member in _members(annotation):
+        if _is_model(member):
+            names.update(info.alias or name for name, info in member.model_fields.items())
+    return sorted(names)
+
+
 def _validation_issues(exc: ValidationError, where: PolicySource, base: str) -> list[PolicyIssue]:
     issues = []
     for error in exc.errors(include_url=False):
         loc = [part for part in error["loc"] if not _is_union_tag(part)]
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden" and isinstance(error["loc"][-1], str):
+            message += did_you_mean(error["loc"][-1], field_names(GPUPolicy, error["loc"][:-1]))
+        line = where.line(loc)
+        if line is not None:
+            message += f" (line {line})"
         issues.append(where.issue(_join(base, format_loc(loc)), message))
     return issues
 
@@ -139,14 +263,17 @@ def _load_document(doc: Any, where: PolicySource, stem: str, out: _Collector) ->
     if kind is None and "apiVersion" not in doc:
         unknown = sorted(set(map(str, doc)) - _SPEC_KEYS)
         if unknown:
+            line = where.line([unknown[0]])
             out.issues.append(
                 where.issue(
                     unknown[0],
-                    f"unknown field; a bare policy file may hold only {sorted(_SPEC_KEYS)}",
+                    f"unknown field; a bare policy file may hold only {sorted(_SPEC_KEYS)}"
+                    + did_you_mean(unknown[0], _SPEC_KEYS)
+                    + (f" (line {line})" if line is not None else ""),
                 )
             )
             return
-        where = PolicySource(where.source, where.document, where.prefix, bare=True)
+        where = replace(where, bare=True)
         doc = {
             "apiVersion": keys.API_VERSION,
             "kind": keys.POLICY_KIND,
@@ -186,24 +313,46 @@ def _load_configmap(doc: Mapping[str, Any], where: PolicySource, out: _Collector
             continue
         # A bare file is named after the ConfigMap; with several keys, after the key too.
         stem = name if len(policy_keys) == 1 else f"{name}-{Path(key).stem}"
-        _load_text(text, f"{where.source}: document {where.document}: {prefix}", stem, out)
+        source = f"{where.source}: document {where.document}: {prefix}"
+        _load_text(text, source, stem, out, _block_offset(where, key))
     if not policy_keys:
         out.issues.append(where.issue("data", "holds no *.yaml, *.yml or *.json key"))
 
 
-def _load_text(text: str, source: str, stem: str, out: _Collector) -> None:
+def _block_offset(where: PolicySource, key: str) -> int | None:
+    """Where the text of a ConfigMap's data key starts in the file: a literal block (``|``)
+    keeps its lines, one for one, from the line after its indicator."""
+    if where.node is None or where.line_offset is None:
+        return None
+    data = where.node
+    for part in ("data", key):
+        if not isinstance(data, yaml.MappingNode):
+            return None
+        found = [v for k, v in data.value if isinstance(k, yaml.ScalarNode) and k.value == part]
+        if not found:
+            return None
+        data = found[0]
+    if not isinstance(data, yaml.ScalarNode) or data.style != "|":
+        return None
+    return where.line_offset + data.start_mark.line + 1
+
+
+def _load_text(
+    text: str, source: str, stem: str, out: _Collector, line_offset: int | None = 0
+) -> None:
     out.digest.update(source.encode())
     out.digest.update(text.encode())
     try:
-        docs = list(yaml.safe_load_all(text))
+        docs = compose_documents(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         out.issues.append(PolicyIssue(source, None, "", f"invalid YAML: {at}{problem}"))
         return
-    for index, doc in enumerate(docs, start=1):
-        _load_document(doc, PolicySource(source, index), stem, out)
+    for index, (doc, node) in enumerate(docs, start=1):
+        where = PolicySource(source, index, node=node, line_offset=line_offset)
+        _load_document(doc, where, stem, out)
 
 
 def policy_files(paths: Iterable[Path]) -> list[Path]:
@@ -254,6 +403,26 @@ def load_paths(paths: Iterable[Path | str]) -> PolicySet:
             out.issues.append(PolicyIssue(str(file), None, "", f"cannot read: {exc}"))
             continue
         _load_text(text, str(file), file.stem, out)
+    return _finish(out)
+
+
+def load_objects(base: PolicySet, objects: Iterable[tuple[str, Mapping[str, Any]]]) -> PolicySet:
+    """``base`` (a set already loaded: the policy files) with more GPUPolicy documents, given
+    parsed (GPUPolicy objects as the API server stores them), loaded after it as one set.
+
+    The objects are cross-checked with ``base`` and with each other in the order given, and a
+    name, profile, rule, tenant or ``defaultProfile`` defined twice is reported at the later
+    document: so at an object, never at ``base``, which loaded on its own. Each issue names the
+    object's source (``gpupolicy/<name>``), with no document index or line: the object is not a
+    file to point into.
+    """
+    out = _Collector()
+    out.digest.update(base.fingerprint.encode())
+    out.policies += [(policy, PolicySource("policy files", None)) for policy in base.policies]
+    for source, doc in objects:
+        out.digest.update(f"\0{source}\0".encode())
+        out.digest.update(json.dumps(doc, sort_keys=True, default=str).encode())
+        _load_document(doc, PolicySource(source, None, line_offset=None), source, out)
     return _finish(out)
 
 

@@ -413,7 +413,7 @@ Matcher = Annotated[
 
 
 class WorkloadRule(StrictModel):
-    """Maps matching pods to a profile; rules are tried in order and the first match wins."""
+    """Maps matching pods to a profile; the narrowest matching rule of a kind wins, else the first."""
 
     name: ProfileName
     match: Matcher
@@ -482,6 +482,12 @@ class TenantLimits(StrictModel):
         default=None,
         description="GPU memory the tenant's live pods may reserve together; the admitted "
         "total may reach quota x the profile's overcommitRatio",
+    )
+    allow_resource_claims: bool = Field(
+        default=False,
+        description="Admit pods with Dynamic Resource Allocation claims (spec.resourceClaims, "
+        "resources.claims). gpuwarden cannot see which devices a claim gets, so no profile, "
+        "limit or quota applies to them; false: the tenant's GPUs go through device plugins",
     )
 
 

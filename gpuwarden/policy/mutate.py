@@ -16,7 +16,13 @@ from gpuwarden.policy.backends import (
     no_shared_gpus_expression,
     selects_shared_gpus,
 )
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
+from gpuwarden.policy.decision import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    bounded_warnings,
+    warning,
+)
 from gpuwarden.policy.patch import PatchBuilder
 from gpuwarden.policy.placement import ContainerGrant, Placement, place
 from gpuwarden.policy.policyset import Grant, PolicySet
@@ -49,6 +55,24 @@ _CONDITIONAL_ANNOTATIONS = (
     keys.ANNOTATION_OVERCOMMIT_RATIO,
     keys.ANNOTATION_THREAD_PERCENTAGE,
 )
+
+
+#: The containers of one pod that may get GPUs. Each costs about five patch operations and a
+#: warning line or two; a pod with more is not mutated, and the validator denies it, rather than
+#: answering with a patch of thousands of operations.
+MAX_GPU_CONTAINERS = 64
+
+
+def size_problems(placement: Placement) -> tuple[str, ...]:
+    """Why the pod is too big to govern: more containers would get GPUs than MAX_GPU_CONTAINERS."""
+    count = len(placement.containers)
+    if placement.profile is None or count <= MAX_GPU_CONTAINERS:
+        return ()
+    return (
+        f"spec.containers: {count} containers would get GPUs (profile {placement.profile.name}, "
+        f"{placement.origin}) but gpuwarden governs at most {MAX_GPU_CONTAINERS} per pod; give "
+        "GPUs to fewer containers or split the work over several pods",
+    )
 
 
 def _is_pod(obj: Mapping[str, Any]) -> bool:
@@ -458,8 +482,9 @@ def mutate_pod(
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
         return Decision(), pod
     placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
-    if placement.problems:
-        warnings = tuple(warning(f"gpuwarden: {p}") for p in placement.problems)
+    problems = placement.problems + size_problems(placement)
+    if problems:
+        warnings = bounded_warnings([warning(f"gpuwarden: {p}") for p in problems])
         return context_of(placement, warnings=warnings), pod
     if not placement.governed:
         return context_of(placement), pod
@@ -476,7 +501,7 @@ def mutate_pod(
     decision = context_of(
         placement,
         patch=tuple(patch.ops),
-        warnings=tuple(warning(line) for line in lines),
+        warnings=bounded_warnings([warning(line) for line in lines]),
         audit_annotations=audit,
     )
     return decision, patch.document

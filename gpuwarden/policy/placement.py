@@ -11,6 +11,7 @@ from gpuwarden.policy.backends import shared_slices_per_container
 from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
 from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
 from gpuwarden.policy.policyset import Grant, PolicySet
+from gpuwarden.policy.precedence import why_rule_wins
 from gpuwarden.policy.quantity import QuantityError
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.resources import (
@@ -53,6 +54,14 @@ class ContainerGrant(NamedTuple):
         return self.asked is not None and self.asked != self.gpus
 
 
+class RuleOutcome(NamedTuple):
+    """One rule as `explain` shows it: whether it matched, and if it matched but lost, why."""
+
+    name: str
+    result: MatchResult
+    lost: str | None = None  # why the chosen rule beat this one, which matched too
+
+
 @dataclass(frozen=True)
 class Placement:
     """The outcome of resolution, with the trace `explain` prints."""
@@ -66,9 +75,11 @@ class Placement:
     problems: tuple[str, ...]
     tenant_reason: str
     grant: Grant | None = None
-    # The rules tried, in order, and what they saw: `trace` re-runs them for `explain`, so
-    # admission never formats the reasons of rules that did not match.
-    rules_tried: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
+    # Every rule in load order, how many were tried up to the first match, and what they saw:
+    # `trace` and `outcomes` re-run them for `explain`, so admission never formats the reasons
+    # of rules that did not match.
+    rules: tuple[tuple[WorkloadRule, GPUPolicy], ...] = ()
+    tried: int = 0
     facts: PodFacts | None = None
     # One per target container, in the order of `containers`; `grant` is the one with the most
     # GPUs (its annotations describe the pod).
@@ -79,11 +90,37 @@ class Placement:
         return sum(c.gpus for c in self.container_grants)
 
     @property
+    def rules_tried(self) -> tuple[tuple[WorkloadRule, GPUPolicy], ...]:
+        """The rules tried in load order, up to the first that matched."""
+        return self.rules[: self.tried]
+
+    @property
     def trace(self) -> tuple[tuple[str, MatchResult], ...]:
-        """Each rule tried and why it matched or not, in order."""
+        """Each rule tried and why it matched or not, in order; then the chosen rule, where a
+        narrower rule of the same kind took the first match's place."""
         if self.facts is None:
             return ()
-        return tuple((rule.name, _judge(rule, self.facts)) for rule, _ in self.rules_tried)
+        tried = [(rule.name, _judge(rule, self.facts)) for rule, _ in self.rules_tried]
+        if self.rule is not None and all(rule is not self.rule for rule, _ in self.rules_tried):
+            tried.append((self.rule.name, _judge(self.rule, self.facts)))
+        return tuple(tried)
+
+    @property
+    def outcomes(self) -> tuple[RuleOutcome, ...]:
+        """For `explain`: the rules tried before the first match, then every rule that matched,
+        in load order, each that lost with the reason the chosen rule beat it."""
+        facts, chosen = self.facts, self.rule
+        if facts is None:
+            return ()
+        if chosen is None:
+            return tuple(RuleOutcome(name, result) for name, result in self.trace)
+        out = [RuleOutcome(rule.name, _judge(rule, facts)) for rule, _ in self.rules_tried[:-1]]
+        for rule, _ in self.rules[self.tried - 1 :]:
+            result = _judge(rule, facts) if may_match(rule.match, facts) else None
+            if result is not None and result.matched:
+                lost = None if rule is chosen else why_rule_wins(chosen, rule)
+                out.append(RuleOutcome(rule.name, result, lost))
+        return tuple(out)
 
     @property
     def governed(self) -> bool:
@@ -276,7 +313,8 @@ def place(
             problems,
             tenant_reason,
             grant,
-            rules_tried=policies.rules[:tried],
+            rules=policies.rules,
+            tried=tried,
             facts=facts,
             container_grants=granted,
         )
@@ -286,9 +324,19 @@ def place(
         profile_name, problem = _label_profile(policies, tenant, requested)
         return placed("label", None, profile_name, (problem,) if problem else ())
 
-    for index, (rule, _policy) in enumerate(policies.rules):
-        if not may_match(rule.match, facts) or not _judge(rule, facts).matched:
+    rules = policies.rules
+    for index, (first, _policy) in enumerate(rules):
+        if not may_match(first.match, facts) or not _judge(first, facts).matched:
             continue
+        # A later rule of the same kind that narrows it more, and matches too, takes its place.
+        rule = next(
+            (
+                rules[later][0]
+                for later in policies.narrower[index]
+                if _judge(rules[later][0], facts).matched
+            ),
+            first,
+        )
         if rule.skip:
             return placed("skip", rule, None, tried=index + 1)
         return placed("rule", rule, rule.profile, tried=index + 1)

@@ -11,6 +11,7 @@ from pydantic.alias_generators import to_camel
 from gpuwarden.policy import keys
 from gpuwarden.policy.backends import BackendPlan, plan_for
 from gpuwarden.policy.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
+from gpuwarden.policy.precedence import narrower_rules, selector_order
 from gpuwarden.policy.quantity import format_bytes, format_mebibytes
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.selectors import selector_matches
@@ -78,6 +79,15 @@ def _with_pod_fields(grant: Grant) -> Grant:
     )
 
 
+def _first_listing(tenants: Sequence[Tenant]) -> dict[str, Tenant]:
+    """Each namespace listed by name, and the first tenant (in load order) that lists it."""
+    out: dict[str, Tenant] = {}
+    for tenant in tenants:
+        for namespace in tenant.namespaces:
+            out.setdefault(namespace, tenant)
+    return out
+
+
 @dataclass(frozen=True)
 class PolicySet:
     policies: tuple[GPUPolicy, ...]
@@ -91,6 +101,12 @@ class PolicySet:
     grants: Mapping[tuple[str | None, str], Grant] = field(default_factory=dict)
     # Grants of profiles that leave the count to the pod, for the counts pods usually ask.
     sized_grants: Mapping[tuple[str | None, str, int], Grant] = field(default_factory=dict)
+    # Precedence (gpuwarden.policy.precedence), computed once at load: the tenant that lists
+    # each namespace first, the selector tenants in the order they are tried, and for each rule
+    # the later rules of its kind that narrow it.
+    tenant_by_namespace: Mapping[str, Tenant] = field(default_factory=dict)
+    selector_tenants: tuple[Tenant, ...] = ()
+    narrower: tuple[tuple[int, ...], ...] = ()
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -114,6 +130,9 @@ class PolicySet:
             rules=tuple(rules),
             tenants=tuple(tenants),
             default_profile=default_profile,
+            tenant_by_namespace=_first_listing(tenants),
+            selector_tenants=selector_order(tenants),
+            narrower=narrower_rules([rule for rule, _ in rules]),
         )
         grants: dict[tuple[str | None, str], Grant] = {}
         sized: dict[tuple[str | None, str, int], Grant] = {}
@@ -136,13 +155,14 @@ class PolicySet:
         return tuple(policy.metadata.name for policy in self.policies)
 
     def tenant_for(self, namespace: str, labels: Mapping[str, str]) -> Tenant | None:
-        """The first tenant that lists the namespace by name or selects it by its labels."""
-        for tenant in self.tenants:
-            if namespace in tenant.namespaces:
-                return tenant
-            if tenant.namespace_selector is not None and selector_matches(
-                tenant.namespace_selector, labels
-            ):
+        """The tenant that lists the namespace by name, else the one with the most specific
+        selector that selects it by its labels; ties go to the first in load order."""
+        named = self.tenant_by_namespace.get(namespace)
+        if named is not None:
+            return named
+        for tenant in self.selector_tenants:
+            selector = tenant.namespace_selector
+            if selector is not None and selector_matches(selector, labels):
                 return tenant
         return None
 

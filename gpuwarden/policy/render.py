@@ -22,6 +22,9 @@ What each object is for, and what it deliberately is not:
   Volcano has no per-queue overcommit field: its overcommit factor is the ``overcommit``
   scheduler plugin's ``overcommit-factor`` argument (cluster-wide, enqueue admission only),
   which is said in a note.
+* **Kueue** (``RenderOptions.kueue``, off by default): a ClusterQueue per tenant in one cohort,
+  the ResourceFlavors of its GPU pools and a ``default`` LocalQueue per tenant namespace, from the
+  same ``quota`` and ``queueSpec`` (:mod:`gpuwarden.policy.kueue` says how each field maps).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from gpuwarden.policy import keys
+from gpuwarden.policy import keys, kueue
 from gpuwarden.policy.backends import VOLCANO_QUEUE_ANNOTATION, plan_for
 from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
 from gpuwarden.policy.policyset import PolicySet
@@ -59,6 +62,7 @@ class RenderOptions:
     priority_classes: bool = True
     quotas: bool = True
     queues: bool = True
+    kueue: bool = False  # Kueue ClusterQueues, ResourceFlavors and LocalQueues
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ def render(policies: PolicySet, options: RenderOptions | None = None) -> Renderi
         out.objects += _resource_quotas(policies, out)
     if options.queues:
         out.objects += _volcano_queues(policies, out)
+    if options.kueue:
+        out.objects += _kueue_queues(policies, out)
     _memory_scaling_notes(policies, out)
     for obj in out.objects:
         if obj["kind"] == "ResourceQuota":
@@ -453,3 +459,77 @@ def _volcano_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     if objects:
         out.note(VOLCANO_OVERCOMMIT_NOTE)
     return objects
+
+
+# --- Kueue --------------------------------------------------------------------------------
+
+
+def kueue_configuration_note() -> str:
+    """What Kueue's own Configuration must say for the rendered queues to work."""
+    needs = kueue.configuration_requirements()
+    strategies = ", ".join(needs["fairSharing"]["preemptionStrategies"])
+    excluded = ", ".join(needs["resources"]["excludeResourcePrefixes"])
+    return (
+        "Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) must manage plain pods "
+        f"(integrations.frameworks: [{kueue.POD_FRAMEWORK}]), enable fair sharing for the "
+        f"weights (fairSharing.preemptionStrategies: [{strategies}]) and leave uncounted what "
+        "a ClusterQueue does not cover, or pods asking for it never start "
+        f"(resources.excludeResourcePrefixes: [{excluded}])"
+    )
+
+
+def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
+    """ResourceFlavors, then a ClusterQueue per tenant with a quota or queueSpec, then the
+    LocalQueues that point each tenant namespace at it."""
+    queues: list[kueue.TenantQueue] = []
+    for tenant in policies.tenants:
+        if tenant.quota is None and tenant.queue_spec is None:
+            continue
+        profiles = [
+            (profile, plan_for(profile, queue=tenant.queue))
+            for profile in tenant_profiles(policies, tenant)
+            if profile.gpus > 0
+        ]
+        queue = kueue.tenant_queue(tenant, profiles)
+        if queue is None:
+            out.note(f"tenant {tenant.name}: its profiles give no GPU, so it gets no ClusterQueue")
+            continue
+        if _uses_volcano(policies, tenant):
+            out.warnings.append(
+                f"tenant {tenant.name}: its pods are queued by Volcano's Queue as well; with "
+                "Kueue they would wait in two queues (use one of them)"
+            )
+        out.warnings += queue.warnings
+        for note in queue.notes:
+            out.note(note)
+        queues.append(queue)
+    if not queues:
+        return []
+    reclaim, warnings = kueue.reclaim_within_cohort(queues)
+    out.warnings += warnings
+    flavors = [f for f in kueue.FLAVORS if any(q.flavor == f for x in queues for q in x.quotas)]
+    objects = [kueue.resource_flavor(f, labels=MANAGED_BY) for f in flavors]
+    local: list[dict[str, Any]] = []
+    for queue in queues:
+        tenant = queue.tenant
+        source = {
+            ANNOTATION_RENDERED_FROM: f"{_tenant_policy(policies, tenant)}/tenants/{tenant.name}"
+        }
+        labels = {**MANAGED_BY, keys.ANNOTATION_TENANT: tenant.name}
+        objects.append(
+            kueue.cluster_queue(
+                queue, reclaim=reclaim[queue.name], labels=labels, annotations=source
+            )
+        )
+        local += [
+            kueue.local_queue(ns, queue.name, labels=labels, annotations=source)
+            for ns in tenant.namespaces
+        ]
+        if not tenant.namespaces:
+            out.warnings.append(
+                f"tenant {tenant.name} selects its namespaces by label, so no LocalQueue is "
+                f"rendered (a LocalQueue needs a namespace): create LocalQueue "
+                f"{kueue.DEFAULT_LOCAL_QUEUE} (spec.clusterQueue: {queue.name}) in each of them"
+            )
+    out.note(kueue_configuration_note())
+    return objects + local

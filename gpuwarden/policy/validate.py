@@ -11,18 +11,33 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from gpuwarden.policy import keys
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
-from gpuwarden.policy.model import HamiBackend, Tenant
-from gpuwarden.policy.mutate import admitted_gpu_memory, apply_placement, context_of, plan
+from gpuwarden.policy.backends import VOLCANO_PREEMPTABLE_ANNOTATION
+from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.model import HamiBackend, Tenant, VolcanoBackend
+from gpuwarden.policy.mutate import (
+    admitted_gpu_memory,
+    apply_placement,
+    context_of,
+    plan,
+    size_problems,
+)
 from gpuwarden.policy.placement import Placement, place
 from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.quantity import QuantityError, format_bytes, parse_count, parse_non_negative
+from gpuwarden.policy.quantity import (
+    QuantityError,
+    format_bytes,
+    parse_count,
+    parse_non_negative,
+    parse_quantity,
+)
 from gpuwarden.policy.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
@@ -34,6 +49,10 @@ from gpuwarden.policy.resources import (
 )
 
 _MAX_SHOWN = 5
+# A denial's message stays within the 1 KiB an Event's note keeps (NoteLengthLimit in kubernetes
+# pkg/apis/core/validation/events.go, which the scheduler also cuts its messages to): controllers
+# report a pod they could not create in an Event. The first violations, then a count of the rest.
+MAX_MESSAGE = 1024
 # Variables HAMi-core's limiter (libvgpu.so, preloaded on Volcano vGPU and HAMi nodes) reads: a
 # container that sets them switches the limiter off or moves its caps. CUDA_DISABLE_CONTROL makes
 # both device plugins skip /etc/ld.so.preload (Allocate in Project-HAMi/volcano-vgpu-device-plugin
@@ -45,15 +64,66 @@ _LIMITER_ENV = re.compile(
     r"|CUDA_DEVICE_SM_LIMIT(_\d+)?|CUDA_DEVICE_MEMORY_SHARED_CACHE|CUDA_OVERSUBSCRIBE"
     r"|CUDA_TASK_PRIORITY)$"
 )
+# NVIDIA's container toolkit also reads (internal/config/image/envvars.go in
+# NVIDIA/nvidia-container-toolkit): NVIDIA_MIG_CONFIG_DEVICES and NVIDIA_MIG_MONITOR_DEVICES, MIG
+# configuration and monitoring of the node's GPUs (the runtime hook refuses them outside privileged
+# containers, cmd/nvidia-container-runtime-hook/container_config.go), and NVIDIA_IMEX_CHANNELS,
+# the IMEX channels through which jobs share GPU memory across nodes (honoured unless the
+# toolkit's ignore-imex-channel-requests feature is on).
 _FORBIDDEN_ENV = re.compile(
-    r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
+    r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_MIG_CONFIG_DEVICES"
+    r"|NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
+)
+# One name of each shape _FORBIDDEN_ENV matches: what an envFrom prefix may be the start of.
+_FORBIDDEN_SHAPES = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS",
+    "CUDA_MPS_",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_SM_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_TASK_PRIORITY",
 )
 
 
 def _escape_effect(name: str) -> str:
     if _LIMITER_ENV.match(name):
         return "can lift the GPU caps HAMi-core's limiter holds the pod to"
+    if name.startswith("NVIDIA_MIG_"):
+        return "asks NVIDIA's container toolkit to configure or monitor MIG on the node's GPUs"
+    if name == "NVIDIA_IMEX_CHANNELS":
+        return "asks NVIDIA's container toolkit for IMEX channels, where jobs share GPU memory"
     return "can escape GPU isolation"
+
+
+def _prefix_reaches(prefix: str) -> bool:
+    """Whether some key makes ``prefix + key`` a variable the environment check denies (the
+    empty prefix reaches them all)."""
+    if any(len(shape) > len(prefix) and shape.startswith(prefix) for shape in _FORBIDDEN_SHAPES):
+        return True
+    # A prefix that already holds the start of an open name: CUDA_MPS_X, CUDA_DEVICE_SM_LIMIT_1.
+    return any(_FORBIDDEN_ENV.match(prefix + tail) for tail in ("X", "0"))
+
+
+def _reached_name(prefix: str) -> str:
+    """A denied variable that ``prefix`` and some key make (for a prefix that reaches one)."""
+    for shape in _FORBIDDEN_SHAPES:
+        if len(shape) > len(prefix) and shape.startswith(prefix):
+            return shape if shape != "CUDA_MPS_" else "CUDA_MPS_PIPE_DIRECTORY"
+    return prefix + ("X" if _FORBIDDEN_ENV.match(prefix + "X") else "0")
+
+
+def _listed(items: Sequence[str], limit: int = _MAX_SHOWN) -> str:
+    """Items for a message: the first few, then how many more."""
+    if len(items) <= limit:
+        return ", ".join(items)
+    return f"{', '.join(items[:limit])} and {len(items) - limit} more"
 
 
 @dataclass(frozen=True)
@@ -133,11 +203,15 @@ def _written_by_hamis_webhook(
 
 
 def _env_violations(
-    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView, namespace: str
+    pod: Mapping[str, Any],
+    placement: Placement,
+    cluster: ClusterView,
+    namespace: str,
+    fields: tuple[str, ...] = (),
 ) -> Iterator[Violation]:
     owned = _owned_env(placement)
     targets = set(placement.containers)
-    for ref in containers(pod):
+    for ref in containers(pod, *fields):
         mine = owned if ref.field == "containers" and ref.name in targets else {}
         gpus = _container_gpu_count(ref)
         for entry in ref.env():
@@ -202,49 +276,73 @@ def _env_sources(ref: ContainerRef) -> Iterator[tuple[str, str, str]]:
 def _env_from_violations(
     ref: ContainerRef, cluster: ClusterView, namespace: str
 ) -> Iterator[Violation]:
+    """envFrom makes a source's keys into variables at every container start, so a source is
+    judged by what it could hold, not only by what it holds now:
+
+    * a known ConfigMap's keys that make denied variables are denied by name;
+    * a prefix that some key would turn into a denied variable (NVIDIA_, CUDA_MPS_, C) is denied
+      whatever the source holds now: gpuwarden judges a ConfigMap's own keys when it changes,
+      without the prefix of each pod that reads it;
+    * without such a prefix, a source whose keys gpuwarden cannot read is denied: Secrets (the
+      webhook never reads them) and ConfigMaps it does not know (not created yet). A prefix that
+      reaches no denied variable (APP_) makes any source safe, whatever its keys.
+    """
     for kind, name, prefix in _env_sources(ref):
+        where = f"{_where(ref)}.envFrom[{name}]"
         known = cluster.env_source_keys.get((kind, namespace, name))
-        if known is None:
-            if prefix and (
-                _FORBIDDEN_ENV.match(prefix + "X") or _FORBIDDEN_ENV.match(prefix + "0")
-            ):
-                yield Violation(
-                    "environment",
-                    "GPUIsolationEscape",
-                    f"{_where(ref)}.envFrom[{name}]: prefix {prefix} makes "
-                    f"{kind} keys into {prefix}* variables; remove the prefix",
-                )
+        formed = [key for key in sorted(known or ()) if _FORBIDDEN_ENV.match(prefix + key)]
+        for key in formed:
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: {kind} key {key} sets {prefix + key}, which "
+                f"{_escape_effect(prefix + key)}; remove that key",
+            )
+        if formed or not _prefix_reaches(prefix):
             continue
-        for key in sorted(known):
-            if _FORBIDDEN_ENV.match(prefix + key):
-                yield Violation(
-                    "environment",
-                    "GPUIsolationEscape",
-                    f"{_where(ref)}.envFrom[{name}]: {kind} key {key} sets "
-                    f"{prefix + key}, which {_escape_effect(prefix + key)}; remove that key",
-                )
+        if prefix:
+            variable = _reached_name(prefix)
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: prefix {prefix} makes {kind} keys into {prefix}* variables: a key "
+                f"{variable[len(prefix) :]}, now or added later, would set {variable}, which "
+                f"{_escape_effect(variable)}; use another prefix (APP_, say)",
+            )
+        elif known is None and kind == "Secret":
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: gpuwarden does not read Secrets, so a key NVIDIA_VISIBLE_DEVICES or "
+                "CUDA_MPS_* in it would escape GPU isolation unchecked; set a prefix (APP_, say) "
+                "or name each key under env with valueFrom.secretKeyRef",
+            )
+        elif known is None:
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: gpuwarden does not know ConfigMap {name} yet, so it cannot check its "
+                "keys for NVIDIA_VISIBLE_DEVICES or CUDA_MPS_*; create the ConfigMap before the "
+                "pod, or set a prefix (APP_, say)",
+            )
 
 
-def _unchecked_env_sources(
-    request: AdmissionRequest, placement: Placement, cluster: ClusterView
-) -> tuple[str, ...]:
-    """Warnings for envFrom sources whose keys gpuwarden cannot see (Secrets, unknown ConfigMaps)."""
-    tenant = placement.tenant
-    if tenant is None or not tenant.enforcement.environment or request.operation != "CREATE":
-        return ()
-    unknown = [
-        f"{kind} {name}"
-        for ref in containers(request.pod)
-        for kind, name, _ in _env_sources(ref)
-        if (kind, request.namespace, name) not in cluster.env_source_keys
-    ]
-    if not unknown:
-        return ()
-    return (
-        warning(
-            f"gpuwarden: envFrom {', '.join(sorted(set(unknown)))} not checked for "
-            "NVIDIA_*/CUDA_MPS_* keys"
-        ),
+def _runtime_class_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    """NVIDIA's runtime on a pod without GPUs: CUDA images set NVIDIA_VISIBLE_DEVICES=all in
+    their own environment, which the runtime then honours. The RuntimeClasses are the GPU
+    Operator's nvidia and the toolkit's per-mode nvidia-cdi and nvidia-legacy (modeRuntime in
+    NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk-installer/container/operator/operator.go)."""
+    name = spec_of(pod).get("runtimeClassName")
+    if not isinstance(name, str) or not (name == "nvidia" or name.startswith("nvidia-")):
+        return
+    if requests_gpu(pod):
+        return
+    yield Violation(
+        "environment",
+        "GPUIsolationEscape",
+        f"spec.runtimeClassName {name}: the pod asks for no GPU, and under NVIDIA's runtime a "
+        "CUDA image's own NVIDIA_VISIBLE_DEVICES=all exposes every GPU on the node; remove "
+        "runtimeClassName, or ask for a GPU in resources.limits",
     )
 
 
@@ -313,16 +411,43 @@ def _host_path_violations(pod: Mapping[str, Any], mps_dirs: tuple[str, ...]) -> 
             )
 
 
+# Added capabilities that reach every GPU like privileged does; names as the runtimes read them
+# (containerd and CRI-O upper-case a name and add CAP_ where it is missing; ALL adds every one).
+_ESCAPING_CAPABILITIES = {
+    "SYS_ADMIN": "SYS_ADMIN, like privileged, can reach every GPU on the node (it mounts "
+    "filesystems and changes device access)",
+    "ALL": "ALL adds every capability, SYS_ADMIN included, so the container can reach every GPU "
+    "on the node",
+}
+
+
+def _capability_violations(ref: ContainerRef, context: Mapping[str, Any]) -> Iterator[Violation]:
+    capabilities = context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
+    for raw in added if isinstance(added, list) else []:
+        name = str(raw).strip().upper()
+        why = _ESCAPING_CAPABILITIES.get(name[4:] if name.startswith("CAP_") else name)
+        if why is not None:
+            yield Violation(
+                "privileged",
+                "GPUIsolationEscape",
+                f"{_where(ref)}.securityContext.capabilities.add[{raw}]: {why}; remove it",
+            )
+
+
 def _privilege_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
     for ref in containers(pod):
         context = ref.body.get("securityContext")
-        if isinstance(context, dict) and context.get("privileged") is True:
+        if not isinstance(context, dict):
+            continue
+        if context.get("privileged") is True:
             yield Violation(
                 "privileged",
                 "GPUIsolationEscape",
                 f"{_where(ref)}.securityContext.privileged: privileged containers see every GPU "
                 "on the node; remove privileged: true",
             )
+        yield from _capability_violations(ref, context)
 
 
 def _host_namespace_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
@@ -360,6 +485,8 @@ def _scheduling_violations(
                 f"{keys.PROFILE_LABEL} to one of: {', '.join(_allowed(placement.tenant, cluster))}",
             )
         return
+    if size_problems(placement):
+        return  # not mutated, and denied for its size: nothing to compare
     desired, _ = apply_placement(pod, placement, cluster)
     if desired.ops:
         first = desired.ops[0]
@@ -383,8 +510,67 @@ def _scheduling_violations(
                 "PolicyMismatch",
                 f"{_where(ref)} requests {', '.join(sorted(ref.gpu_resources()))} but profile "
                 f"{placement.profile.name if placement.profile else '?'} gives GPUs only to "
-                f"{', '.join(placement.containers)}; remove those resources",
+                f"{_listed(placement.containers)}; remove those resources",
             )
+
+
+def _node_name_violations(pod: Mapping[str, Any]) -> Iterator[Violation]:
+    """A GPU pod bound to a node by name never meets the scheduler: no device assignment (Volcano
+    and HAMi write it), no queue, no packing, and no check that the node has the GPUs free."""
+    node = spec_of(pod).get("nodeName")
+    if not node or not requests_gpu(pod):
+        return
+    yield Violation(
+        "scheduling",
+        "PolicyMismatch",
+        f"spec.nodeName {node}: a GPU pod bound to a node by name skips the scheduler and the GPU "
+        "accounting it does; remove nodeName and pick the node with a nodeSelector or node "
+        "affinity on kubernetes.io/hostname",
+    )
+
+
+def _scheduler_bound_resources(placement: Placement) -> list[str]:
+    """The profile's GPU resources that only its backend's scheduler can place: Volcano's vGPU
+    resources and everything HAMi's device plugin serves, whose device plugins read the device
+    the scheduler assigned from the pod's annotations."""
+    profile, backend_plan = placement.profile, plan(placement)
+    if profile is None or backend_plan is None:
+        return []
+    if isinstance(profile.backend, HamiBackend):
+        return sorted(backend_plan.resources)
+    if isinstance(profile.backend, VolcanoBackend):
+        return sorted(r for r in backend_plan.resources if r.startswith("volcano.sh/"))
+    return []
+
+
+def _foreign_scheduler_violations(
+    pod: Mapping[str, Any], placement: Placement
+) -> Iterator[Violation]:
+    """foreignScheduler: keep leaves another controller's schedulerName (and warns), which is
+    sound where any scheduler counts the pod's GPUs (nvidia.com/gpu and the device plugin's
+    replicas: the kubelet refuses a pod past the node's devices). Where only the backend's own
+    scheduler can assign the device, another scheduler would start a pod with no device, or
+    none at all, outside the tenant's queue: denied."""
+    profile, backend_plan = placement.profile, plan(placement)
+    if not placement.governed or profile is None or backend_plan is None:
+        return
+    wanted, current = backend_plan.scheduler_name, spec_of(pod).get("schedulerName")
+    if (
+        wanted is None
+        or current in (None, "", wanted)
+        or profile.backend.foreign_scheduler != "keep"
+    ):
+        return
+    bound = _scheduler_bound_resources(placement)
+    if bound:
+        yield Violation(
+            "scheduling",
+            "PolicyMismatch",
+            f"spec.schedulerName {current}: profile {profile.name} ({placement.origin}) gives "
+            f"{_listed(bound)}, which only scheduler {wanted} assigns to a device, so "
+            f"foreignScheduler: keep cannot keep another scheduler; remove schedulerName or set "
+            f"it to {wanted}",
+        )
 
 
 def _allowed(tenant: Tenant | None, cluster: ClusterView) -> list[str]:
@@ -408,7 +594,7 @@ def _too_many_gpus(placement: Placement, tenant: str, limit: int) -> str:
             f"container {name} asks for {total} GPUs (profile {profile}, {placement.origin}) "
             f"but {allows}; ask for at most {limit} in spec.containers[{name}].resources"
         )
-    counts = ", ".join(f"{c.name} {c.gpus}" for c in granted)
+    counts = _listed([f"{c.name} {c.gpus}" for c in granted])
     fix = (
         f"{' and '.join(set_by)} sets the count, so use a profile with fewer GPUs "
         f"(label {keys.PROFILE_LABEL})"
@@ -484,6 +670,34 @@ def _tenant_limit_violations(placement: Placement, pod: Mapping[str, Any]) -> It
         )
 
 
+def _resource_claim_violations(pod: Mapping[str, Any], placement: Placement) -> Iterator[Violation]:
+    """Dynamic Resource Allocation: a claim's devices are chosen by its ResourceClaim, which
+    gpuwarden does not see, so no profile, limit or quota would apply. A tenant's pods get GPUs
+    through device plugins unless its limits allow claims. Namespaces of no tenant have no
+    limits or quota for a claim to bypass (a claim escapes no isolation the device plugins keep)."""
+    tenant = placement.tenant
+    if tenant is None or tenant.limits.allow_resource_claims:
+        return
+    claims = spec_of(pod).get("resourceClaims")
+    fields = [
+        f"spec.resourceClaims[{c.get('name', index) if isinstance(c, dict) else index}]"
+        for index, c in enumerate(claims if isinstance(claims, list) else [])
+    ]
+    for ref in containers(pod):
+        resources = ref.body.get("resources")
+        if isinstance(resources, dict) and resources.get("claims"):
+            fields.append(f"{_where(ref)}.resources.claims")
+    if fields:
+        yield Violation(
+            "tenant_limits",
+            "TenantLimit",
+            f"{_listed(fields)}: tenant {tenant.name} gets GPUs through device plugins, where its "
+            "profiles, limits and quota apply, not through Dynamic Resource Allocation; remove "
+            "the resource claims, or have an admin set limits.allowResourceClaims: true for the "
+            "tenant",
+        )
+
+
 def tenant_gpu_memory(policies: PolicySet, cluster: ClusterView, tenant: Tenant) -> Decimal:
     """GPU memory admitted to the tenant's live pods: the namespaces the policies give it."""
     return sum(
@@ -523,17 +737,68 @@ def _quota_violations(
 
 
 def _update_violations(request: AdmissionRequest) -> Iterator[Violation]:
-    """On UPDATE, gpuwarden's own annotations are read by the node agent: nobody may change them."""
+    """On UPDATE, gpuwarden's own annotations are read by the node agent and charge quota, and
+    volcano.sh/preemptable (written from the profile's preemptible) decides whether Volcano may
+    preempt the pod: nobody may change them, in any namespace."""
     old = annotations_of(request.old_pod or {})
     new = annotations_of(request.pod)
     for key in sorted(set(old) | set(new)):
-        if key.startswith(keys.API_GROUP + "/") and old.get(key) != new.get(key):
+        if old.get(key) == new.get(key):
+            continue
+        if key.startswith(keys.API_GROUP + "/"):
             yield Violation(
-                "scheduling",
+                "annotations",
                 "PolicyMismatch",
                 f"metadata.annotations[{key}]: gpuwarden's decision annotations cannot be "
                 "changed after admission; revert the change",
             )
+        elif key == VOLCANO_PREEMPTABLE_ANNOTATION:
+            yield Violation(
+                "annotations",
+                "PolicyMismatch",
+                f"metadata.annotations[{key}]: gpuwarden sets it from the profile's "
+                "preemptible, and Volcano reads it to preempt; it cannot be changed after "
+                "admission; revert the change",
+            )
+
+
+def _same_quantity(old: Any, new: Any) -> bool:
+    if old is None or new is None:
+        return old is new
+    try:
+        return parse_quantity(old) == parse_quantity(new)
+    except QuantityError:
+        return str(old) == str(new)
+
+
+def _resize_violations(request: AdmissionRequest, placement: Placement) -> Iterator[Violation]:
+    """pods/resize may change the cpu and memory of running containers: not those the profile
+    set (hostMemory, cpu), or a pod would keep its profile and outgrow it."""
+    old_pod = request.old_pod
+    if old_pod is None or not placement.governed:
+        return
+    profile = placement.profile.name if placement.profile else "?"
+    before = {ref.name: ref for ref in containers(old_pod, "containers")}
+    after = {ref.name: ref for ref in containers(request.pod, "containers")}
+    for granted in placement.container_grants:
+        old, new = before.get(granted.name), after.get(granted.name)
+        if old is None or new is None:
+            continue
+        for section, values in (
+            ("limits", granted.grant.limits),
+            ("requests", granted.grant.requests),
+        ):
+            for name in sorted(values):
+                was, now = old.resources(section).get(name), new.resources(section).get(name)
+                if _same_quantity(was, now):
+                    continue
+                yield Violation(
+                    "scheduling",
+                    "PolicyMismatch",
+                    f"{_where(new)}.resources.{section}[{name}]: profile {profile} "
+                    f"({placement.origin}) sets it to {values[name]}, and a resize may not change "
+                    f"what gpuwarden set; resize only what the profile leaves to the pod",
+                )
 
 
 def _checks(
@@ -547,22 +812,32 @@ def _checks(
     )
     if request.operation == "UPDATE" and request.sub_resource == "ephemeralcontainers":
         # kubectl debug: only the new ephemeral containers can open a hole.
+        debug = ("ephemeralContainers",)
         return [
-            ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
+            (
+                "environment",
+                lambda: _env_violations(pod, placement, cluster, request.namespace, debug),
+            ),
             ("host_paths", lambda: _device_list_mount_violations(pod)),
             ("privileged", lambda: _privilege_violations(pod)),
         ]
+    if request.operation == "UPDATE" and request.sub_resource == "resize":
+        return [("scheduling", lambda: _resize_violations(request, placement))]
     if request.operation == "UPDATE":
-        return [("scheduling", lambda: _update_violations(request))]
+        return [("annotations", lambda: _update_violations(request))]
     return [
         ("quantities", lambda: _quantity_violations(pod)),
         ("annotations", lambda: _forged_annotation_violations(pod, placement)),
         ("tenant_limits", lambda: _tenant_limit_violations(placement, pod)),
+        ("tenant_limits", lambda: _resource_claim_violations(pod, placement)),
         ("environment", lambda: _env_violations(pod, placement, cluster, request.namespace)),
+        ("environment", lambda: _runtime_class_violations(pod)),
         ("host_paths", lambda: _host_path_violations(pod, mps_dirs)),
         ("privileged", lambda: _privilege_violations(pod)),
         ("host_namespaces", lambda: _host_namespace_violations(pod)),
         ("scheduling", lambda: _scheduling_violations(pod, placement, cluster)),
+        ("scheduling", lambda: _node_name_violations(pod)),
+        ("scheduling", lambda: _foreign_scheduler_violations(pod, placement)),
         ("gpu_memory_quota", lambda: _quota_violations(pod, placement, cluster, policies)),
     ]
 
@@ -602,6 +877,10 @@ def violations(
     found: list[Violation] = []
     if placement.problems and request.operation == "CREATE":
         found += [Violation("placement", "ProfileSelection", p) for p in placement.problems]
+    if request.operation == "CREATE":
+        found += [
+            Violation("placement", "TooManyGPUContainers", p) for p in size_problems(placement)
+        ]
     tenant = placement.tenant
     # Escapes are denied in every namespace the webhook sees, tenant or not; a namespace of no
     # tenant has no limits, quota or profile to check.
@@ -622,23 +901,83 @@ def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
         return Decision()
     if pod.get("kind", "Pod") != "Pod":
         return Decision()
-    if request.sub_resource not in ("", "ephemeralcontainers"):
+    if request.sub_resource not in ("", "ephemeralcontainers", "resize"):
         return Decision()
     placement, found = violations(request, policies, cluster)
     base = context_of(placement)
     if not found:
-        unchecked = _unchecked_env_sources(request, placement, cluster)
-        return replace(base, warnings=unchecked) if unchecked else base
+        return base
     first = found[0]
     policy = placement.profile.policy if placement.profile else ",".join(policies.names)
-    shown = "; ".join(v.message for v in found[:_MAX_SHOWN])
-    more = f"; and {len(found) - _MAX_SHOWN} more" if len(found) > _MAX_SHOWN else ""
     return replace(
         base,
         allowed=False,
         code=403,
         reason=first.reason,
-        message=f"gpuwarden denied the pod: {shown}{more} "
-        f"[policy {policy}, check {first.check}, {placement.origin}]",
+        message=_denial(
+            "pod",
+            found,
+            f"[policy {_cut(policy, 80)}, check {to_camel(first.check)}, {placement.origin}]",
+        ),
         audit_annotations={"denied-by": first.check, "reason": first.reason},
+    )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(limit - 3, 0)] + "..."
+
+
+def _denial(subject: str, found: Sequence[Violation], tail: str) -> str:
+    """The denial's message within MAX_MESSAGE: as many of the first _MAX_SHOWN violations as
+    fit (the first always, cut if it must be), then how many more there are, then ``tail``."""
+    head = f"gpuwarden denied the {subject}: "
+    room = MAX_MESSAGE - len(head) - len(tail) - len("; and 1000000 more ")
+    shown = [_cut(found[0].message, room)]
+    used = len(shown[0])
+    for violation in found[1:_MAX_SHOWN]:
+        used += len(violation.message) + 2
+        if used > room:
+            break
+        shown.append(violation.message)
+    more = f"; and {len(found) - len(shown)} more" if len(found) > len(shown) else ""
+    return f"{head}{'; '.join(shown)}{more} {tail}"
+
+
+def validate_config_map(
+    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
+) -> Decision:
+    """A ConfigMap's keys become variables in every container whose envFrom names it (without a
+    prefix), at each container start, so a ConfigMap changed after its pods were admitted is
+    judged itself: keys named as the variables the environment check denies are denied, in
+    every namespace the webhook sees unless its tenant turns that check off. (A prefix that could
+    make a denied variable is denied on the pod, whatever the ConfigMap holds.)"""
+    config_map = request.pod
+    if request.operation not in ("CREATE", "UPDATE"):
+        return Decision()
+    tenant = policies.tenant_for(request.namespace, cluster.labels_for(request.namespace))
+    base = Decision(tenant=tenant.name if tenant is not None else None)
+    if tenant is not None and not tenant.enforcement.environment:
+        return base
+    data = config_map.get("data")
+    found = [
+        Violation(
+            "environment",
+            "GPUIsolationEscape",
+            f"data[{key}]: a pod's envFrom would set {key}, which {_escape_effect(key)}; rename "
+            "or remove the key",
+        )
+        for key in sorted(str(k) for k in (data if isinstance(data, Mapping) else {}))
+        if _FORBIDDEN_ENV.match(key)
+    ]
+    if not found:
+        return base
+    return replace(
+        base,
+        allowed=False,
+        code=403,
+        reason=found[0].reason,
+        message=_denial(
+            "ConfigMap", found, f"[policy {_cut(','.join(policies.names), 80)}, check environment]"
+        ),
+        audit_annotations={"denied-by": "environment", "reason": found[0].reason},
     )

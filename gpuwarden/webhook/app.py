@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import datetime
 import logging
 import os
@@ -24,6 +25,9 @@ from gpuwarden.webhook.policies import PolicyReloader
 from gpuwarden.webhook.review import Review, ReviewError, decode, encode_bytes
 
 DEFAULT_MAX_BODY = 6 * 1024 * 1024
+# Request bodies held at once, from reading to answering (a decoded review takes several times
+# its size): four of the largest, or about a thousand typical 20 KiB reviews.
+DEFAULT_BODY_BYTES_IN_FLIGHT = 4 * DEFAULT_MAX_BODY
 # Bodies up to this size are evaluated on the event loop (well under a millisecond); larger
 # ones in a thread, so that the deadline can answer for them if evaluation runs long.
 INLINE_BODY = 64 * 1024
@@ -37,11 +41,90 @@ class Settings:
     # Answer before the API server gives up (the webhook's timeoutSeconds, 10 s by default).
     deadline: float = 8.0
     max_body: int = DEFAULT_MAX_BODY
+    # Bytes of request bodies being read or evaluated at once, over all connections; a request
+    # waits (within its deadline) for its Content-Length's worth, or max_body's if unknown.
+    max_body_in_flight: int = DEFAULT_BODY_BYTES_IN_FLIGHT
     # Longest wait for a live read of a namespace the watch cache has not seen (at most half
     # of what is left of the deadline).
     namespace_lookup_timeout: float = 2.0
     # With --client-ca: admission requests must come with a verified client certificate.
     require_client_certificate: bool = False
+
+
+class BodyBudget:
+    """Bytes of request bodies that may be held at once: memory stays bounded however many
+    requests arrive together. A request takes its share before reading its body and gives it
+    back once answered; one that does not fit waits. Whatever fits goes, so small reviews are
+    not held up behind a large one (which the connection cap keeps from starving: a thousand
+    typical reviews take a fraction of the default budget).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def try_take(self, share: int) -> bool:
+        """Take the share now if it fits."""
+        if self.held + share > self.limit:
+            return False
+        self.held += share
+        return True
+
+    async def take(self, share: int) -> None:
+        """Wait until the share fits (cancel the wait to give up)."""
+        if self.try_take(share):
+            return
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (share, granted)
+        self._waiting.append(entry)
+        try:
+            await granted
+        except BaseException:
+            if granted.done() and not granted.cancelled():
+                self.give_back(share)  # granted as the wait was cancelled: pass it on
+            else:
+                self._waiting.remove(entry)
+            raise
+
+    def give_back(self, share: int) -> None:
+        self.held -= share
+        if not self._waiting:
+            return
+        for entry in list(self._waiting):
+            share_waiting, granted = entry
+            if self.held + share_waiting <= self.limit:
+                self._waiting.remove(entry)
+                self.held += share_waiting
+                granted.set_result(None)
+
+
+class RequestObserver:
+    """Told how far a request on its connection has got. The listener's connection protocol
+    (server.py) is one: it times header reads, closes connections that wait on their client
+    (never one whose request is being answered) to make room, and drains on SIGTERM. Requests
+    for unknown paths never reach a handler and go untold."""
+
+    __slots__ = ()
+
+    def request_started(self) -> None:
+        """The request's headers are in and its handler runs; its body may still be coming."""
+
+    def request_received(self) -> None:
+        """The whole request is in: the server, not the client, has the next move."""
+
+    def request_finished(self) -> None:
+        """The handler has returned its answer."""
+
+
+def _observer(request: web.Request) -> RequestObserver | None:
+    transport = request.transport
+    observer = transport.get_protocol() if transport is not None else None
+    return observer if isinstance(observer, RequestObserver) else None
 
 
 @dataclass
@@ -67,6 +150,12 @@ class WebhookContext:
     namespace_lookups: dict[str, asyncio.Future[str | None]] = field(default_factory=dict)
     # Test seam: replaces the policy core call (to provoke internal errors).
     evaluate: Callable[[Endpoint, Review], Decision] | None = None
+    bodies: BodyBudget = field(init=False)
+
+    def __post_init__(self) -> None:
+        # At least one body of the largest size must fit, or such a request would wait forever.
+        settings = self.settings
+        self.bodies = BodyBudget(max(settings.max_body_in_flight, settings.max_body))
 
     def readiness(self) -> tuple[bool, list[str]]:
         """Whether to take traffic, and lines explaining what is missing or degraded."""
@@ -97,6 +186,8 @@ class WebhookContext:
             )
         elif self.certificate_error:
             notes.append(f"new certificate files not loadable yet: {self.certificate_error}")
+        missing += self.reloader.missing()
+        notes += self.reloader.notes()
         missing += self.cluster.missing()
         # Served anyway: refusing every pod over a slow watch would be worse than stale labels.
         notes += self.cluster.stale()
@@ -223,6 +314,27 @@ class AdmissionHandler:
             return self._refuse(
                 413, f"request body of {length} bytes is over the limit of {settings.max_body}"
             )
+        bodies = self.ctx.bodies
+        # A chunked body's size is known only once read: count the most it may be.
+        share = length if length is not None else settings.max_body
+        if not bodies.try_take(share):
+            self.ctx.metrics.body_waits.inc()
+            try:
+                async with asyncio.timeout(settings.deadline - (time.perf_counter() - started)):
+                    await bodies.take(share)
+            except TimeoutError:
+                return self._refuse(
+                    503,
+                    f"request bodies in flight are at the limit of {bodies.limit} bytes "
+                    f"(--max-body-bytes-in-flight) and none finished within the deadline",
+                )
+        try:
+            return await self._answer(request, started)
+        finally:
+            bodies.give_back(share)
+
+    async def _answer(self, request: web.Request, started: float) -> web.Response:
+        settings = self.ctx.settings
         try:
             if request.content.is_eof():
                 body = await request.read()  # all there: no timer to arm and cancel
@@ -237,6 +349,8 @@ class AdmissionHandler:
             return self._refuse(400, f"request body cannot be read: {exc}")
         except ConnectionResetError:  # nobody is left to read the answer
             return self._refuse(400, "the client closed the connection before sending the body")
+        if (observer := _observer(request)) is not None:
+            observer.request_received()
         try:
             review = decode(body)
         except ReviewError as exc:
@@ -287,6 +401,9 @@ class AdmissionHandler:
                 "profile": decision.profile,
                 "rule": decision.rule,
                 "decision": verdict,
+                # Why a request was denied, as the user read it (logs.py bounds its length).
+                "reason": None if decision.allowed else decision.reason,
+                "message": None if decision.allowed else decision.message,
                 "patched": mutating and decision.allowed and bool(decision.patch),
                 "dry_run": review.dry_run,
                 "duration_ms": round(elapsed * 1000, 3),
@@ -322,10 +439,23 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def _no_tracebacks(handler: Handler) -> Handler:
-    """Wrap a handler: nothing unexpected leaks a traceback (a wrapper, not a middleware, which
-    would cost every admission request a layer of aiohttp's dispatch)."""
+    """Wrap a handler: nothing unexpected leaks a traceback, and the connection's observer (if
+    it has one) hears when the request starts and ends. A wrapper, not a middleware, which would
+    cost every admission request a layer of aiohttp's dispatch."""
 
     async def guarded(request: web.Request) -> web.StreamResponse:
+        observer = _observer(request)
+        if observer is None:
+            return await answer(request)
+        observer.request_started()
+        if not request.body_exists:  # a probe: nothing more to wait for
+            observer.request_received()
+        try:
+            return await answer(request)
+        finally:
+            observer.request_finished()
+
+    async def answer(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
         except web.HTTPException as exc:

@@ -6,6 +6,7 @@ from typing import Literal
 
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
 from gpuwarden.policy.resources import requests_gpu
+from gpuwarden.policy.validate import validate_config_map
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
@@ -55,6 +56,12 @@ def decide(
     read: its tenant is unknown, so GPU pods are refused (fail closed for gpuwarden's scope)
     and everything else is admitted unchanged.
     """
+    if review.is_config_map:
+        # The keys a pod's envFrom makes into variables, judged when they change (validating
+        # only; with no policy loaded, ConfigMaps go ahead like every other non-GPU object).
+        if endpoint != "validate" or policies is None or review.obj is None:
+            return Decision()
+        return validate_config_map(review.admission_request(), policies, cluster)
     if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
         return Decision()
     if review.obj is None:

@@ -13,6 +13,21 @@ import orjson
 
 ADMISSION_LOGGER = "gpuwarden.admission"
 _JSON_OPTIONS = orjson.OPT_NON_STR_KEYS
+# A field's text is cut to this many characters: request fields (a uid, a pod's name) come
+# from the caller and would otherwise be copied whole into each line that names them.
+MAX_FIELD_CHARS = 256
+
+
+def bounded(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields with every string longer than MAX_FIELD_CHARS cut, saying how long it was."""
+    if not any(isinstance(v, str) and len(v) > MAX_FIELD_CHARS for v in fields.values()):
+        return fields
+    return {
+        key: f"{value[:MAX_FIELD_CHARS]}...({len(value)} characters)"
+        if isinstance(value, str) and len(value) > MAX_FIELD_CHARS
+        else value
+        for key, value in fields.items()
+    }
 
 
 def json_line(fields: dict[str, Any]) -> str:
@@ -34,7 +49,7 @@ class JSONFormatter(logging.Formatter):
         }
         fields = getattr(record, "fields", None)
         if isinstance(fields, dict):
-            out.update(fields)
+            out.update(bounded(fields))
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json_line(out)
@@ -86,7 +101,7 @@ class AdmissionLog:
         if not self._logger.isEnabledFor(logging.INFO):
             return
         if self._stream is None:
-            self._logger.info("admission", extra={"fields": fields})
+            self._logger.info("admission", extra={"fields": bounded(fields)})
             return
         line = {
             "ts": self._timestamp(),
@@ -94,7 +109,7 @@ class AdmissionLog:
             "logger": ADMISSION_LOGGER,
             "msg": "admission",
         }
-        line.update(fields)
+        line.update(bounded(fields))
         self._pending.append(json_line(line))
         if len(self._pending) > 1:
             return  # a flush is already scheduled

@@ -65,8 +65,31 @@ class Metrics:
         )
         self.bad_requests = Counter(
             "gpuwarden_admission_bad_requests_total",
-            "Requests refused as malformed (4xx), by endpoint and status code.",
+            "Requests refused, by endpoint and status code: 4xx as malformed, 503 when the "
+            "request bodies in flight stayed at --max-body-bytes-in-flight past the deadline.",
             ["endpoint", "code"],
+            registry=r,
+        )
+        self.body_waits = Counter(
+            "gpuwarden_admission_body_waits_total",
+            "Admission requests that waited for room under --max-body-bytes-in-flight.",
+            registry=r,
+        )
+        self.connections_open = Gauge(
+            "gpuwarden_connections_open",
+            "Connections held now (in the TLS handshake, between requests or in one), by "
+            "listener (https or metrics); at most --max-connections each.",
+            ["listener"],
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.connections_closed = Counter(
+            "gpuwarden_connections_closed_total",
+            "Connections gpuwarden closed to stay within its bounds, by listener and reason: "
+            "limit (the one waiting longest on its client, for a new one past "
+            "--max-connections), refused (a new one past the limit while every other was being "
+            "answered), handshake_timeout, header_timeout.",
+            ["listener", "reason"],
             registry=r,
         )
         self.internal_errors = Counter(

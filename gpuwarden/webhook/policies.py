@@ -1,21 +1,32 @@
-"""The policy set being served, and its hot reload from files on disk.
+"""The policy set being served: the policy files, hot reloaded, and the GPUPolicy objects.
 
 The policy path may be a ConfigMap volume: the kubelet writes a new timestamped directory and
 swaps the ``..data`` symlink to it. Every file under the path is hashed on each check (through
-symlinks), so that swap, an in-place edit and a new or removed file are all seen alike. A set
-that fails to load never replaces the last good one.
+symlinks), so that swap, an in-place edit and a new or removed file are all seen alike. Files that
+fail to load never replace the last good ones.
+
+GPUPolicy objects (from an :class:`ObjectSource`: the API server's, through
+gpuwarden.kube.gpupolicies) are added to the files, which load on their own first, in the order
+of the objects' names: :func:`compose`. The set is loaded as one (a profile, rule, tenant or
+policy name defined twice is an error, and so is a second ``defaultProfile``), and a conflict is
+blamed on the later document: the files win over any object, and an object over the objects named
+after it. An object whose generation cannot join the set is Invalid, with the loader's message
+(naming ``gpupolicy/<name>`` and the field); the last generation of it that could stays in force
+in its place, and is dropped only when it no longer fits either. A deleted object is dropped.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any, Protocol
 
+from gpuwarden.kube.gpupolicies import ObjectVerdict, PolicyObject
 from gpuwarden.policy import PolicyError, PolicySet, load_paths
-from gpuwarden.policy.loader import policy_files
+from gpuwarden.policy.loader import load_objects, policy_files
 
 
 @dataclass(frozen=True)
@@ -27,6 +38,8 @@ class PolicyState:
     error: str | None = None  # the newest files' problem, while the last good set serves
     reloads_ok: int = 0
     reloads_failed: int = 0
+    # Each GPUPolicy object's current generation: valid, or why not and what serves instead.
+    objects: Mapping[str, ObjectVerdict] = field(default_factory=dict)
 
     @property
     def fingerprint(self) -> str | None:
@@ -59,46 +72,233 @@ def files_signature(paths: Sequence[Path]) -> str:
     return digest.hexdigest()
 
 
+def object_source(name: str) -> str:
+    """How the loader's messages name a GPUPolicy object."""
+    return f"gpupolicy/{name}"
+
+
+@dataclass(frozen=True)
+class Composition:
+    policies: PolicySet
+    verdicts: Mapping[str, ObjectVerdict]
+    # Each object's last good version, for the next compose: the current one if valid, else the
+    # one that was (kept even while it does not fit, for when it fits again).
+    last_good: Mapping[str, PolicyObject]
+
+
+def compose(
+    files: PolicySet,
+    objects: Mapping[str, PolicyObject],
+    last_good: Mapping[str, PolicyObject] | None = None,
+) -> Composition:
+    """The files with every object that can join them, in name order (see the module's text).
+
+    ``last_good`` holds, per name, the version of each object that served before; it stands in
+    for an invalid generation of the same object (same uid), if it still fits.
+    """
+    last_good = last_good or {}
+    candidates = dict(objects)
+    problems: dict[str, str] = {}
+    while True:
+        if not candidates:
+            policies = files
+            break
+        try:
+            policies = load_objects(
+                files,
+                [(object_source(name), candidates[name].document) for name in sorted(candidates)],
+            )
+            break
+        except PolicyError as exc:
+            blamed = _blame(exc, candidates)
+        for name, message in blamed.items():
+            tried = candidates.pop(name)
+            if tried is not objects[name]:
+                continue  # the last good version no longer fits either
+            problems[name] = message
+            previous = last_good.get(name)
+            if (
+                previous is not None
+                and previous.uid == tried.uid
+                and previous.generation != tried.generation
+            ):
+                candidates[name] = previous
+    verdicts: dict[str, ObjectVerdict] = {}
+    good: dict[str, PolicyObject] = {}
+    for name, current in objects.items():
+        serving = candidates.get(name)
+        previous = last_good.get(name)
+        if name not in problems:
+            good[name] = current
+        elif previous is not None and previous.uid == current.uid:
+            good[name] = previous
+        verdicts[name] = ObjectVerdict(
+            uid=current.uid,
+            generation=current.generation,
+            valid=name not in problems,
+            message=problems.get(name, ""),
+            serving=serving.generation if serving is not None else None,
+        )
+    return Composition(policies, verdicts, good)
+
+
+def _blame(exc: PolicyError, candidates: Mapping[str, PolicyObject]) -> dict[str, str]:
+    """The loader's message for each object it found a problem in."""
+    by_name = {object_source(name): name for name in candidates}
+    found: dict[str, list[str]] = {}
+    for issue in exc.issues:
+        name = by_name.get(issue.source)
+        if name is not None:
+            found.setdefault(name, []).append(str(issue))
+    if not found:
+        # Not one object's: cannot happen while the files load on their own; drop them all
+        # rather than loop.
+        return {name: str(exc) for name in candidates}
+    return {name: "\n".join(lines) for name, lines in found.items()}
+
+
+def _describe(name: str, verdict: ObjectVerdict) -> str:
+    instead = (
+        f"generation {verdict.serving} still serves"
+        if verdict.serving is not None
+        else "not served"
+    )
+    return f"{object_source(name)} generation {verdict.generation} is invalid ({instead}): " + (
+        verdict.message
+    )
+
+
+class ObjectSource(Protocol):
+    """GPUPolicy objects to serve with the files (gpuwarden.kube.gpupolicies.GPUPolicyWatch)."""
+
+    @property
+    def synced(self) -> bool:
+        """Whether objects() holds every object there is."""
+        ...
+
+    def objects(self) -> Mapping[str, PolicyObject]: ...
+
+    def report(self, verdicts: Mapping[str, ObjectVerdict]) -> None:
+        """Each object's verdict, to be written to its status (without blocking)."""
+        ...
+
+    def missing(self) -> list[str]:
+        """What keeps the objects from being known (empty when synced)."""
+        ...
+
+    def notes(self) -> list[str]: ...
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+
 class PolicyReloader:
-    """Holds the current :class:`PolicyState`; :meth:`check` reloads when the files change."""
+    """Holds the current :class:`PolicyState`; :meth:`check` reloads when the files or the
+    GPUPolicy objects change."""
 
     def __init__(
         self,
         paths: Sequence[Path],
         *,
+        objects: ObjectSource | None = None,
         clock: Callable[[], float] = time.monotonic,
         loader: Callable[[Sequence[Path]], PolicySet] = load_paths,
     ) -> None:
         self.paths = tuple(paths)
+        self.objects = objects
         self._clock = clock
         self._loader = loader
         self._signature: str | None = None
+        self._files: PolicySet | None = None  # the last good files
+        self._seen: tuple[bool, dict[str, tuple[str, int, Mapping[str, Any]]]] | None = None
+        self._last_good: Mapping[str, PolicyObject] = {}
+        self._composed_synced = objects is None
         self.state = PolicyState()
 
     def check(self) -> ReloadResult:
         signature = files_signature(self.paths)
-        if signature == self._signature:
+        files_changed = signature != self._signature
+        files_error: str | None = None
+        if files_changed:
+            self._signature = signature
+            try:
+                self._files = self._loader(self.paths)
+            except PolicyError as exc:
+                files_error = str(exc)
+            except Exception as exc:  # a loader bug must not take the served set down
+                files_error = f"{type(exc).__name__}: {exc}"
+        objects: Mapping[str, PolicyObject] = {}
+        synced = True
+        objects_changed = False
+        if self.objects is not None:
+            synced = self.objects.synced  # before the snapshot: then the snapshot is complete
+            objects = self.objects.objects()
+            seen = (synced, {n: (o.uid, o.generation, o.document) for n, o in objects.items()})
+            objects_changed = seen != self._seen
+            self._seen = seen
+        if not files_changed and not objects_changed:
             return ReloadResult(changed=False, ok=self.state.error is None)
-        self._signature = signature
-        try:
-            loaded = self._loader(self.paths)
-        except PolicyError as exc:
-            message = str(exc)
+        if self._files is None:  # no files have loaded yet
+            error = files_error or self.state.error or "not loaded"
             self.state = replace(
-                self.state, error=message, reloads_failed=self.state.reloads_failed + 1
+                self.state, error=error, reloads_failed=self.state.reloads_failed + 1
             )
-            return ReloadResult(changed=True, ok=False, error=message)
-        except Exception as exc:  # a loader bug must not take the served set down
-            message = f"{type(exc).__name__}: {exc}"
-            self.state = replace(
-                self.state, error=message, reloads_failed=self.state.reloads_failed + 1
-            )
-            return ReloadResult(changed=True, ok=False, error=message)
+            return ReloadResult(changed=True, ok=False, error=error)
+        composed = compose(self._files, objects, self._last_good)
+        self._last_good = composed.last_good
+        if synced and self.objects is not None:
+            self._composed_synced = True
+            self.objects.report(composed.verdicts)
+        previous = self.state.objects
+        problems = [
+            _describe(name, verdict)
+            for name, verdict in sorted(composed.verdicts.items())
+            if not verdict.valid and previous.get(name) != verdict
+        ]
+        error = files_error if files_changed else self.state.error
+        if error is not None:
+            problems.insert(0, error)
+        ok = not problems
         self.state = replace(
             self.state,
-            policies=loaded,
-            loaded_at=self._clock(),
-            error=None,
-            reloads_ok=self.state.reloads_ok + 1,
+            policies=composed.policies,
+            loaded_at=self._clock()
+            if composed.policies is not self.state.policies
+            else self.state.loaded_at,
+            error=error,
+            objects=composed.verdicts,
+            reloads_ok=self.state.reloads_ok + (1 if ok else 0),
+            reloads_failed=self.state.reloads_failed + (0 if ok else 1),
         )
-        return ReloadResult(changed=True, ok=True)
+        return ReloadResult(changed=True, ok=ok, error="\n".join(problems) or None)
+
+    # Readiness -------------------------------------------------------------------------------
+
+    def missing(self) -> list[str]:
+        """What keeps the served set from being the one configured (empty when it is)."""
+        if self.objects is None:
+            return []
+        missing = self.objects.missing()
+        if not missing and not self._composed_synced:
+            missing = ["GPUPolicy objects synced but not loaded yet"]
+        return missing
+
+    def notes(self) -> list[str]:
+        """GPUPolicy objects that do not serve as they are, and the source's own notes."""
+        if self.objects is None:
+            return []
+        lines = [
+            _describe(name, verdict)
+            for name, verdict in sorted(self.state.objects.items())
+            if not verdict.valid
+        ]
+        return lines + self.objects.notes()
+
+    def start(self) -> None:
+        if self.objects is not None:
+            self.objects.start()
+
+    def stop(self) -> None:
+        if self.objects is not None:
+            self.objects.stop()

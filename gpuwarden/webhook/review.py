@@ -67,6 +67,10 @@ class Review:
         return self.group == "" and (self.kind == "Pod" or self.resource == "pods")
 
     @property
+    def is_config_map(self) -> bool:
+        return self.group == "" and (self.kind == "ConfigMap" or self.resource == "configmaps")
+
+    @property
     def pod_name(self) -> str:
         source = self.obj if self.obj is not None else self.old_obj
         meta = source.get("metadata") if source is not None else None

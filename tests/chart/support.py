@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -21,7 +22,7 @@ FULLNAME = f"{RELEASE}-gpuwarden"
 
 # The e2e suite's tool loader (tools.env, or hack/build-tools.sh when it is missing).
 sys.path.insert(0, str(REPO / "tests"))
-from e2e.controlplane import Tools, ToolsMissingError, build_tools  # noqa: E402
+from e2e.controlplane import ControlPlane, Tools, ToolsMissingError, build_tools  # noqa: E402
 
 
 @cache
@@ -104,3 +105,15 @@ def assert_restricted(context: Mapping[str, Any]) -> None:
     assert context["allowPrivilegeEscalation"] is False
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+@contextmanager
+def release_plane() -> Iterator[ControlPlane]:
+    """A bare control plane (etcd + kube-apiserver) with the release namespace created."""
+    try:
+        tools = Tools.load()
+    except ToolsMissingError:
+        tools = build_tools()
+    with ControlPlane(tools) as control_plane:
+        control_plane.kubectl("create", "namespace", NAMESPACE)
+        yield control_plane

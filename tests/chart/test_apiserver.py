@@ -19,11 +19,11 @@ from gpuwarden.policy import load_paths
 from gpuwarden.policy.render import render
 from gpuwarden.policy.schema import CRD_NAME
 
-from .support import CHART, NAMESPACE, template
+from .support import CHART, release_plane, template
 
 pytestmark = [pytest.mark.e2e, pytest.mark.helm]
 
-from e2e.controlplane import ControlPlane, Tools, build_tools  # noqa: E402
+from e2e.controlplane import ControlPlane  # noqa: E402
 
 # Kinds this bare control plane does not serve (their CRDs belong to other projects).
 FOREIGN = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor", "PrometheusRule", "Queue"}
@@ -31,12 +31,7 @@ FOREIGN = {"Certificate", "Issuer", "ServiceMonitor", "PodMonitor", "PrometheusR
 
 @pytest.fixture(scope="module")
 def plane() -> Iterator[ControlPlane]:
-    try:
-        tools = Tools.load()
-    except Exception:
-        tools = build_tools()
-    with ControlPlane(tools) as control_plane:
-        control_plane.kubectl("create", "namespace", NAMESPACE)
+    with release_plane() as control_plane:
         yield control_plane
 
 
@@ -161,12 +156,13 @@ def test_rendered_quota_is_charged_and_limits_keys_are_not(
             },
         }
 
-    first = plane.kubectl("create", "-f", "-", input=json.dumps(pod(600)), check=False)
+    # Pods request their cap; the quota admits caps up to 1Gi x the ratio 2 = 2048 MiB.
+    first = plane.kubectl("create", "-f", "-", input=json.dumps(pod(1100)), check=False)
     assert first.returncode == 0, first.stderr
-    over = plane.kubectl("create", "-f", "-", input=json.dumps(pod(600)), check=False)
+    over = plane.kubectl("create", "-f", "-", input=json.dumps(pod(1100)), check=False)
     assert "exceeded quota" in over.stderr and "requests.volcano.sh/vgpu-memory" in over.stderr
     used = json.loads(plane.kubectl("get", "resourcequota", "-n", "qt", "-o", "json").stdout)[
         "items"
     ][0]["status"]["used"]
-    assert used["requests.volcano.sh/vgpu-memory"] == "600"
+    assert used["requests.volcano.sh/vgpu-memory"] == "1100"
     assert used["limits.volcano.sh/vgpu-memory"] == "0"  # accepted, never charged

@@ -25,6 +25,7 @@ from gpuwarden.policy import PolicySet, keys, load_paths
 from gpuwarden.policy.model import LabelSelector
 from gpuwarden.policy.render import render
 from gpuwarden.policy.schema import CRD_NAME, crd_yaml
+from gpuwarden.policy.scope import CONFIG_MAP_CEL
 from gpuwarden.policy.selectors import selector_matches
 
 from .support import (
@@ -160,17 +161,21 @@ def test_webhook_configurations_are_easy_to_pick_out(default: Rendering) -> None
     validating = default.one("ValidatingWebhookConfiguration")
     assert mutating["metadata"]["name"] == validating["metadata"]["name"] == FULLNAME
     service = default.one("Service", FULLNAME)
+    assert [h["name"] for h in validating["webhooks"]] == [
+        "validate.gpuwarden.io",
+        "validate-configmaps.gpuwarden.io",
+    ]
     for config, path in ((mutating, "/mutate"), (validating, "/validate")):
-        (hook,) = config["webhooks"]
-        assert hook["clientConfig"]["service"] == {
-            "name": service["metadata"]["name"],
-            "namespace": NAMESPACE,
-            "path": path,
-            "port": 443,
-        }
-        assert hook["admissionReviewVersions"] == ["v1"]
-        assert hook["sideEffects"] == "None"
-        assert hook["timeoutSeconds"] <= 5
+        for hook in config["webhooks"]:
+            assert hook["clientConfig"]["service"] == {
+                "name": service["metadata"]["name"],
+                "namespace": NAMESPACE,
+                "path": path,
+                "port": 443,
+            }
+            assert hook["admissionReviewVersions"] == ["v1"]
+            assert hook["sideEffects"] == "None"
+            assert hook["timeoutSeconds"] <= 5
     assert mutating["webhooks"][0]["reinvocationPolicy"] == "IfNeeded"
 
 
@@ -185,10 +190,22 @@ def test_webhook_rules_cover_pod_creation_updates_and_ephemeral_containers(
     assert [(r["resources"], r["operations"]) for r in validating["rules"]] == [
         (["pods"], ["CREATE", "UPDATE"]),
         (["pods/ephemeralcontainers"], ["UPDATE"]),
+        (["pods/resize"], ["UPDATE"]),
     ]
     for hook in (mutating, validating):
-        (condition,) = hook["matchConditions"]
-        assert condition["expression"] == 'request.kind.group == "" && request.kind.kind == "Pod"'
+        # Pods only, then the pods the policies can act on (tests/chart/test_scope.py).
+        assert [c["name"] for c in hook["matchConditions"]] == ["pods-only", "gpuwarden-may-act"]
+        assert hook["matchConditions"][0]["expression"] == (
+            'request.kind.group == "" && request.kind.kind == "Pod"'
+        )
+    config_maps = default.one("ValidatingWebhookConfiguration")["webhooks"][1]
+    assert [(r["resources"], r["operations"]) for r in config_maps["rules"]] == [
+        (["configmaps"], ["CREATE", "UPDATE"])
+    ]
+    assert config_maps["matchConditions"] == [
+        {"name": "configmaps-with-gpu-keys", "expression": CONFIG_MAP_CEL}
+    ]
+    assert "objectSelector" not in config_maps
 
 
 NAMESPACES = {
@@ -261,7 +278,7 @@ def test_cert_manager_injects_the_ca_of_the_certificate_the_pods_serve(default: 
         assert namespace == certificate["metadata"]["namespace"] == NAMESPACE
         assert certificate["spec"]["secretName"] == tls["secret"]["secretName"]
         assert f"{FULLNAME}.{NAMESPACE}.svc" in certificate["spec"]["dnsNames"]
-        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+        assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
     # The serving certificate comes from a CA Issuer, whose CA comes from a self-signed root.
     serving = default.one("Certificate", f"{FULLNAME}-serving")
     ca_issuer = default.one("Issuer", serving["spec"]["issuerRef"]["name"])
@@ -291,7 +308,7 @@ def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Renderi
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         config = rendering.one(kind)
         assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
-        assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+        assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
     pod = rendering.one("Deployment")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     args = dict(arg.split("=", 1) for arg in init["args"][2:])

@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.policy.scope import review_scope
 
 from .controlplane import ControlPlane
 from .webhook import (
+    EXAMPLES_DIR,
     KUBEFLOW_PROFILE_LABELS,
+    POLICY_TEST_PODS,
     RELEASE_NAMESPACE,
     AuditLog,
     Obj,
@@ -117,23 +122,49 @@ def test_the_chart_defaults_to_fail(gpuwarden: WebhookStack) -> None:
     }
 
 
-def test_fail_blocks_pods_in_governed_namespaces(
+def test_fail_blocks_gpu_pods_but_not_cpu_pods_in_governed_namespaces(
     gpuwarden_down: WebhookStack, scope: Scope
 ) -> None:
     stack = gpuwarden_down
-    for pod in (
-        place_pod(example_pod("pytorchjob-worker"), scope.governed),
-        # Every pod of a governed namespace goes to the webhook, GPU or not.
-        plain_pod(scope.governed),
-    ):
-        with pytest.raises(ApiException) as refused:
-            create_pod(stack.api, pod)
-        status, text = api_error(refused.value)
-        assert status == 500
-        assert 'failed calling webhook "mutate.gpuwarden.io"' in text
-        assert "connection refused" in text
-        assert not pod_exists(stack.api, scope.governed, pod["metadata"]["name"])
+    pod = place_pod(example_pod("pytorchjob-worker"), scope.governed)
+    with pytest.raises(ApiException) as refused:
+        create_pod(stack.api, pod)
+    status, text = api_error(refused.value)
+    assert status == 500
+    assert 'failed calling webhook "mutate.gpuwarden.io"' in text
+    assert "connection refused" in text
+    assert not pod_exists(stack.api, scope.governed, pod["metadata"]["name"])
+    # The chart's matchConditions (webhook.scope: policies) keep a CPU pod away from the
+    # webhook: the API server creates it while gpuwarden is down.
+    cpu = plain_pod(scope.governed)
+    create_pod(stack.api, cpu)
+    assert pod_exists(stack.api, scope.governed, cpu["metadata"]["name"])
     _assert_outside_scope_unaffected(stack, scope)
+
+
+def test_the_api_server_sends_exactly_the_pods_the_policy_core_would_act_on(
+    gpuwarden_down: WebhookStack, scope: Scope
+) -> None:
+    """The CEL the chart renders against its Python twin, on every example and test pod: with
+    gpuwarden down, a pod is created exactly when the twin says the webhook is not needed."""
+    stack = gpuwarden_down
+    review = review_scope(stack.policies)
+    paths = [*sorted(EXAMPLES_DIR.glob("*.yaml")), *sorted(POLICY_TEST_PODS.glob("*.yaml"))]
+    checked = {"created": 0, "sent": 0}
+    pods = [
+        (path.name, doc)
+        for path in paths
+        for doc in yaml.safe_load_all(path.read_text())
+        if isinstance(doc, dict) and doc.get("kind") == "Pod"
+    ]
+    for name, pod in pods:
+        placed = place_pod(pod, scope.governed)
+        outcome = _outcome(stack, placed, dry_run=True)
+        expected = "mutate.gpuwarden.io" if review.needs_review(placed) else "created"
+        assert outcome == expected, name
+        checked["created" if outcome == "created" else "sent"] += 1
+    # Both kinds of pod were seen, or the check proves nothing.
+    assert checked["created"] and checked["sent"], checked
 
 
 @pytest.mark.parametrize(

@@ -102,9 +102,13 @@ def test_exclusive_profile_lands_on_whole_gpus(lab: Lab) -> None:
         placed = _running(lab, pod)
         assert _node(placed) == "whole-0"
         assert _limits(placed) == {"nvidia.com/gpu": "2"}
-    # Full on the 4-GPU node; the MPS node advertises no whole GPU at all.
+    # Full on the 4-GPU node; the MPS node is kept out by the node affinity exclusive profiles
+    # get (GFD's nvidia.com/gpu.sharing-strategy), whatever it advertises.
     message = _unschedulable(lab, third)
-    assert message.startswith("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.")
+    assert message.startswith(
+        "0/2 nodes are available: 1 Insufficient nvidia.com/gpu, "
+        "1 node(s) didn't match Pod's node affinity/selector."
+    )
     assert _node(read_pod(lab.api, *_name(third))) == ""
 
 

@@ -470,12 +470,15 @@ def test_malformed_results_fail_instead_of_crashing_or_passing(
 
 @pytest.mark.parametrize(
     ("extra", "detail"),
-    [({"metadata": 5}, "1 passed, 0 failed"), ({"results": 5}, "results must be a list")],
+    [
+        ({"metadata": 5}, "metadata: Input should be a valid dictionary"),
+        ({"results": 5}, "results must be a list"),
+    ],
 )
 def test_malformed_suites_do_not_crash(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: dict[str, Any], detail: str
 ) -> None:
-    results = extra.pop("results", [{"resource": "pods/notebook.yaml"}])
+    results = extra.pop("results", [{"resource": "pods/notebook.yaml", "result": "allowed"}])
     path = suite(tmp_path, results, **extra)
     code, out, _ = run(capsys, "test", str(path))
     assert detail in out

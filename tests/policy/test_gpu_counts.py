@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, admitted_gpu_memory, mutate
-from gpuwarden.policy.lint import lint_warnings
+from gpuwarden.policy.lint import lint_errors
 from gpuwarden.policy.placement import place
 
 from .support import REPO, apply_ops, container, create, example, gpu_pod, policies_from, read_yaml
@@ -426,7 +426,7 @@ workloads:
   - {name: large, match: {kind: kserve-predictor}, profile: whole}
   - {name: never, match: {kind: kserve-predictor}, profile: whole}
 """
-    shadowed = [w for w in lint_warnings(policies_from(spec)) if "never matches" in w]
+    shadowed = [w for w in lint_errors(policies_from(spec)) if "never matches" in w]
     assert shadowed == ["rule never: never matches, rule large takes every kserve-predictor first"]
 
 

@@ -84,6 +84,20 @@ async def test_validate_denies_with_status_and_what_to_change(webhook: Webhook) 
     assert "patch" not in response
 
 
+async def test_a_denial_logs_its_reason_and_message(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="gpuwarden.admission")
+    pod = notebook_pod()
+    pod["spec"]["containers"][0]["env"].append({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})
+    await webhook.admit("validate", review(pod))
+    (record,) = [r for r in caplog.records if r.name == "gpuwarden.admission"]
+    fields: dict[str, Any] = record.fields  # type: ignore[attr-defined]
+    assert fields["decision"] == "denied"
+    assert fields["reason"] == "GPUIsolationEscape"
+    assert "env[NVIDIA_VISIBLE_DEVICES]" in fields["message"]
+
+
 async def test_v1beta1_is_answered_in_kind(webhook: Webhook) -> None:
     response = await webhook.admit(
         "mutate", review(notebook_pod(), api_version="admission.k8s.io/v1beta1")

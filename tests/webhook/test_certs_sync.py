@@ -214,6 +214,10 @@ def _secret(api: k8s_client.ApiClient, install: Install) -> tuple[dict[str, byte
     return data, str(body.metadata.resource_version)
 
 
+# The chart's webhooks: mutate and validate for pods, validate for ConfigMaps.
+WEBHOOKS = 3
+
+
 def _ca_bundles(api: k8s_client.ApiClient, name: str) -> list[bytes]:
     admission = k8s_client.AdmissionregistrationV1Api(api)
     configs: list[Any] = [
@@ -259,7 +263,7 @@ def test_the_init_container_fills_the_empty_secret_publishes_the_ca_and_writes_t
     assert want <= set(names_of(serving).dns_names)
     lifetime = serving.not_valid_after_utc - serving.not_valid_before_utc
     assert abs(lifetime - install.days * DAY) < datetime.timedelta(minutes=10)
-    assert _ca_bundles(api_client, install.fullname) == [stored["ca.crt"]] * 2
+    assert _ca_bundles(api_client, install.fullname) == [stored["ca.crt"]] * WEBHOOKS
     printed = capsys.readouterr().out
     assert "issued a new CA" in printed and "caBundle updated" in printed
 
@@ -386,7 +390,7 @@ def test_an_expiring_serving_certificate_is_renewed_with_the_same_ca(
     cert.verify_directly_issued_by(ca.certificate)
     assert cert.not_valid_after_utc - old.not_after > 0.7 * install.days * DAY
     assert _files(tmp_path / "b") == renewed
-    assert _ca_bundles(api_client, install.fullname) == [first["ca.crt"]] * 2
+    assert _ca_bundles(api_client, install.fullname) == [first["ca.crt"]] * WEBHOOKS
     assert "already up to date" in printed, "the same CA: caBundle is left as it is"
 
 
@@ -420,7 +424,7 @@ def test_a_ca_near_its_end_is_replaced_and_the_old_one_stays_in_the_bundle(
     assert len(bundle) == 2 and bundle[1] == old_ca.certificate
     x509.load_pem_x509_certificate(stored["tls.crt"]).verify_directly_issued_by(bundle[0])
     assert KeyPair(b"", stored["ca.key"]).private_key.public_key() == bundle[0].public_key()
-    assert _ca_bundles(api_client, install.fullname) == [stored["ca.crt"]] * 2
+    assert _ca_bundles(api_client, install.fullname) == [stored["ca.crt"]] * WEBHOOKS
 
 
 @pytest.mark.e2e

@@ -120,9 +120,9 @@ def test_a_key_added_later_is_seen_once_the_watch_delivers_it(
     verdict = judged(cluster, policies, namespace, ref)
     assert not verdict.allowed
     assert "ConfigMap key CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in verdict.message
-    # Deleted: unknown again (not harmless), and the engine says it could not check it.
+    # Deleted: unknown again (not harmless), so a pod must wait until it exists again.
     k8s_client.CoreV1Api(api_client).delete_namespaced_config_map(name, namespace)
     eventually(lambda: ("ConfigMap", namespace, name) not in view.env_source_keys, "the deletion")
     verdict = judged(cluster, policies, namespace, ref)
-    assert verdict.allowed
-    assert any(f"ConfigMap {name}" in w for w in verdict.warnings), verdict.warnings
+    assert not verdict.allowed
+    assert f"gpuwarden does not know ConfigMap {name} yet" in verdict.message

@@ -56,8 +56,11 @@ app.kubernetes.io/component: node-agent
 {{- $mode -}}
 {{- end -}}
 
-{{/* The policies to install: .Values.policies, or one that governs nothing when it is empty. */}}
+{{/* The policies to install: .Values.policies, or one that governs nothing when it is empty.
+Every template reads the policies through here, so a policy that does not match the schema
+fails the render here first, with its problems named (_policy-check.tpl). */}}
 {{- define "gpuwarden.policies" -}}
+{{- include "gpuwarden.checkPolicies" . -}}
 {{- if .Values.policies -}}
 {{- toJson .Values.policies -}}
 {{- else -}}
@@ -67,7 +70,7 @@ app.kubernetes.io/component: node-agent
 {{- end -}}
 
 {{/* Every GPUPolicy document in .Values.policies, as a JSON list of
-{"policy": <name>, "profiles": [...]}. A value is YAML text (one or more documents) or a
+{"policy": <name>, "profiles": [...], "workloads": [...]}. A value is YAML text (one or more documents) or a
 mapping; a document without kind is a bare spec named after its key, as the loader does. */}}
 {{- define "gpuwarden.policyDocuments" -}}
 {{- $docs := list -}}
@@ -92,11 +95,11 @@ mapping; a document without kind is a bare spec named after its key, as the load
 {{- range $doc := $parts -}}
 {{- $kind := default "" $doc.kind -}}
 {{- if eq $kind "GPUPolicy" -}}
-{{- $docs = append $docs (dict "policy" $doc.metadata.name "profiles" (default list $doc.spec.profiles)) -}}
+{{- $docs = append $docs (dict "policy" $doc.metadata.name "profiles" (default list $doc.spec.profiles) "workloads" (default list $doc.spec.workloads)) -}}
 {{- else if eq $kind "" -}}
 {{- $stem := regexReplaceAll "\\.(ya?ml|json)$" $key "" | lower -}}
 {{- $stem = regexReplaceAll "[^a-z0-9-]+" $stem "-" | trimAll "-" | trunc 53 | trimAll "-" -}}
-{{- $docs = append $docs (dict "policy" (default "policy" $stem) "profiles" (default list $doc.profiles)) -}}
+{{- $docs = append $docs (dict "policy" (default "policy" $stem) "profiles" (default list $doc.profiles) "workloads" (default list $doc.workloads)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -1,0 +1,326 @@
+"""Kueue (``sigs.k8s.io/kueue``) out of cluster against a lab control plane.
+
+``hack/build-tools.sh`` builds Kueue's manager (``cmd/kueue``) into the tools cache; its CRDs and
+webhook manifests come from the same module in Go's module cache (``go mod download``), so the
+API the binary serves and the schemas the API server enforces are one version's.
+
+How it runs here, and why:
+
+* A Configuration file (``config.kueue.x-k8s.io/v1beta2``) in the control plane's work
+  directory: no leader election, ``internalCertManagement.enable: false`` (Kueue's own
+  certificate management writes a Secret and injects CA bundles for an in-cluster Service),
+  the webhook server on 127.0.0.1 with a serving certificate from :mod:`gpuwarden.certs`, the
+  health probes on 127.0.0.1, metrics off, plain pods as the one integration, and the
+  ``VisibilityOnDemand`` feature gate off (its API server would want an APIService and a port).
+  The rest is :func:`gpuwarden.policy.kueue.configuration_requirements`, what the rendered queues
+  rely on.
+* Webhooks registered by URL (``https://127.0.0.1:<port><path>``) from the module's
+  ``config/components/webhook/manifests.yaml``: Kueue's own kinds and the pod webhooks, with the
+  ``kube-system`` exclusion its kustomization adds to the pod webhooks.
+* With internal certificate management off, ``cmd/kueue/main.go`` loads a metrics serving
+  certificate from the fixed path ``/etc/kueue/metrics/certs`` (tls.crt, tls.key) whether or
+  not metrics are served, and exits when it is missing; no flag or Configuration field moves it.
+  Kueue therefore runs in a private mount namespace (``unshare --mount``; as a non-root user
+  also ``--user --map-root-user``) in which ``/etc`` is a read-only overlay of a work-directory
+  folder holding ``kueue/metrics/certs`` over the host's ``/etc``. Nothing is written to the
+  host's ``/etc``, and no other process sees the overlay.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.certs.authority import issue_serving, new_ca
+from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
+from gpuwarden.policy.kueue import KUEUE_API, configuration_requirements
+
+KUEUE_MODULE = "sigs.k8s.io/kueue"
+#: The version hack/build-tools.sh builds (KUEUE_VERSION there).
+KUEUE_VERSION = "v0.17.0"
+CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
+#: Where cmd/kueue/main.go reads the metrics certificate when internal cert management is off.
+METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
+#: The pod integration's webhooks (Kueue's kubebuilder markers name them so).
+POD_WEBHOOKS = frozenset({"mpod.kb.io", "vpod.kb.io"})
+#: Namespaces Kueue's kustomization keeps away from its pod webhooks.
+_UNMANAGED_NAMESPACES = ("kube-system", "kueue-system")
+_CRD_DIR = Path("config/components/crd/bases")
+_WEBHOOK_MANIFESTS = Path("config/components/webhook/manifests.yaml")
+_CONFIG_PREFIX = "gpuwarden-lab-kueue-"
+_HTTP_NOT_FOUND = 404
+_HTTP_CONFLICT = 409
+
+
+def go_binary() -> str:
+    """The Go toolchain, found as hack/lib.sh finds it ($GO, go on PATH, /usr/local/go/bin/go)."""
+    configured = os.environ.get("GO")
+    if configured:
+        return configured
+    found = shutil.which("go")
+    if found:
+        return found
+    if os.access("/usr/local/go/bin/go", os.X_OK):
+        return "/usr/local/go/bin/go"
+    raise ToolsMissingError("no Go toolchain (need go on PATH or /usr/local/go/bin/go)")
+
+
+def module_dir(version: str = KUEUE_VERSION) -> Path:
+    """Kueue's module source in Go's module cache (downloaded through the proxy if missing)."""
+    result = subprocess.run(
+        [go_binary(), "mod", "download", "-json", f"{KUEUE_MODULE}@{version}"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tempfile.gettempdir(),  # outside any Go module: no go.mod applies
+    )
+    info = json.loads(result.stdout) if result.stdout.strip() else {}
+    directory = info.get("Dir")
+    if result.returncode != 0 or not directory:
+        detail = info.get("Error") or result.stderr.strip()
+        raise ToolsMissingError(f"go mod download {KUEUE_MODULE}@{version} failed: {detail}")
+    return Path(directory)
+
+
+def crd_manifests(module: Path) -> list[dict[str, Any]]:
+    """Kueue's CustomResourceDefinitions, as its module ships them."""
+    crds: list[dict[str, Any]] = []
+    for path in sorted((module / _CRD_DIR).glob("*.yaml")):
+        crds += [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    return crds
+
+
+def crd_schema(crds: Sequence[Mapping[str, Any]], kind: str, version: str) -> dict[str, Any]:
+    """The openAPIV3Schema of one kind at one served version."""
+    for crd in crds:
+        if crd["spec"]["names"]["kind"] != kind:
+            continue
+        for served in crd["spec"]["versions"]:
+            if served["name"] == version:
+                schema: dict[str, Any] = served["schema"]["openAPIV3Schema"]
+                return schema
+    raise KeyError(f"no CRD for {kind} {version}")
+
+
+def webhook_configurations(module: Path, *, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations for its own kinds and plain pods, called by URL."""
+    docs = [d for d in yaml.safe_load_all((module / _WEBHOOK_MANIFESTS).read_text()) if d]
+    configs: list[dict[str, Any]] = []
+    for doc in docs:
+        kept: list[dict[str, Any]] = []
+        for hook in doc.get("webhooks") or []:
+            groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
+            if hook["name"] not in POD_WEBHOOKS and KUEUE_API.split("/")[0] not in groups:
+                continue
+            path = hook["clientConfig"]["service"]["path"]
+            hook = {
+                **hook,
+                "clientConfig": {
+                    "url": f"{url}{path}",
+                    "caBundle": base64.b64encode(ca_bundle).decode(),
+                },
+            }
+            if hook["name"] in POD_WEBHOOKS:
+                hook["namespaceSelector"] = {
+                    "matchExpressions": [
+                        {
+                            "key": "kubernetes.io/metadata.name",
+                            "operator": "NotIn",
+                            "values": list(_UNMANAGED_NAMESPACES),
+                        }
+                    ]
+                }
+            kept.append(hook)
+        name = _CONFIG_PREFIX + ("mutating" if "Mutating" in doc["kind"] else "validating")
+        configs.append({**doc, "metadata": {"name": name}, "webhooks": kept})
+    return configs
+
+
+def configuration(
+    *, webhook_port: int, cert_dir: Path, health_port: int, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Kueue's Configuration for an out-of-cluster manager on loopback."""
+    return {
+        "apiVersion": CONFIG_API,
+        "kind": "Configuration",
+        "namespace": "kueue-system",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"host": "127.0.0.1", "port": webhook_port, "certDir": str(cert_dir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "clientConnection": {"qps": 200, "burst": 400},
+        "featureGates": {"VisibilityOnDemand": False},
+        **configuration_requirements(),
+        **(extra or {}),
+    }
+
+
+def private_etc_argv(etc_layer: Path, argv: Sequence[str]) -> list[str]:
+    """``argv`` run in a private mount namespace whose /etc is ``etc_layer`` over the host's
+    (a read-only overlay: the host's /etc is neither written nor hidden)."""
+    unshare = ["unshare", "--mount", "--propagation", "private"]
+    if os.geteuid() != 0:
+        unshare[1:1] = ["--user", "--map-root-user"]
+    script = 'mount -t overlay overlay -o "lowerdir=$1:/etc" /etc && shift && exec "$@"'
+    return [*unshare, "--", "sh", "-c", script, "sh", str(etc_layer), *argv]
+
+
+@dataclass
+class Kueue:
+    """Kueue's manager on ``plane`` (started already): start() and stop() it."""
+
+    plane: ControlPlane
+    binary: Path
+    module: Path
+    startup_timeout: float = 120.0
+    extra_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._process: Process | None = None
+        self._webhooks: list[dict[str, Any]] = []
+
+    @property
+    def process(self) -> Process:
+        if self._process is None:
+            raise RuntimeError("kueue not started")
+        return self._process
+
+    def start(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        workdir = self.plane.workdir / "kueue"
+        api = self.plane.api_client()
+        try:
+            self._apply_crds(api, deadline)
+            ca = new_ca(common_name="gpuwarden-lab-kueue-ca", valid_for=timedelta(days=2))
+            serving = issue_serving(
+                ca,
+                dns_names=["localhost"],
+                ip_addresses=["127.0.0.1"],
+                valid_for=timedelta(days=1),
+            )
+            serving.write(workdir / "webhook-certs", "tls.crt", "tls.key")
+            etc_layer = workdir / "etc"
+            metrics = etc_layer / METRICS_CERT_DIR.relative_to("/etc")
+            serving.write(metrics, "tls.crt", "tls.key")
+            webhook_port, health_port = free_ports(2)
+            config = configuration(
+                webhook_port=webhook_port,
+                cert_dir=workdir / "webhook-certs",
+                health_port=health_port,
+                extra=self.extra_config,
+            )
+            (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+            argv = [
+                str(self.binary),
+                f"--config={workdir / 'config.yaml'}",
+                f"--kubeconfig={self.plane.kubeconfig_path}",
+                "--zap-log-level=2",
+            ]
+            self._process = self.plane.spawn("kueue", private_etc_argv(etc_layer, argv))
+
+            def ready() -> bool:
+                url = f"http://127.0.0.1:{health_port}/readyz"
+                with urllib.request.urlopen(url, timeout=2) as response:
+                    status: int = response.status
+                return status == 200
+
+            self.plane.poll("kueue /readyz", ready, [self._process], deadline)
+            self._webhooks = webhook_configurations(
+                self.module, url=f"https://127.0.0.1:{webhook_port}", ca_bundle=ca.cert_pem
+            )
+            _install_webhooks(api, self._webhooks)
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
+
+    def stop(self) -> None:
+        """Unregister the webhooks (they fail closed), then stop the manager."""
+        if self._webhooks:
+            api = self.plane.api_client()
+            try:
+                _delete_webhooks(api, self._webhooks)
+            finally:
+                api.close()  # type: ignore[no-untyped-call]
+            self._webhooks = []
+        if self._process is not None:
+            self._process.terminate(self.plane.stop_timeout)
+            self._process = None
+
+    def _apply_crds(self, api: k8s_client.ApiClient, deadline: float) -> None:
+        ext: Any = k8s_client.ApiextensionsV1Api(api)
+        names = []
+        for crd in crd_manifests(self.module):
+            names.append(crd["metadata"]["name"])
+            try:
+                ext.create_custom_resource_definition(crd)
+            except ApiException as exc:
+                if exc.status != _HTTP_CONFLICT:
+                    raise
+
+        def established() -> bool:
+            for name in names:
+                conditions = ext.read_custom_resource_definition(name).status.conditions or []
+                if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                    return False
+            return True
+
+        self.plane.poll("Kueue's CRDs to be established", established, [], deadline)
+
+
+def _install_webhooks(api: k8s_client.ApiClient, configs: Sequence[Mapping[str, Any]]) -> None:
+    admission: Any = k8s_client.AdmissionregistrationV1Api(api)
+    for config in configs:
+        if config["kind"] == "MutatingWebhookConfiguration":
+            admission.create_mutating_webhook_configuration(dict(config))
+        else:
+            admission.create_validating_webhook_configuration(dict(config))
+
+
+def _delete_webhooks(api: k8s_client.ApiClient, configs: Sequence[Mapping[str, Any]]) -> None:
+    admission: Any = k8s_client.AdmissionregistrationV1Api(api)
+    for config in configs:
+        name = config["metadata"]["name"]
+        try:
+            if config["kind"] == "MutatingWebhookConfiguration":
+                admission.delete_mutating_webhook_configuration(name)
+            else:
+                admission.delete_validating_webhook_configuration(name)
+        except ApiException as exc:
+            if exc.status != _HTTP_NOT_FOUND:
+                raise
+
+
+def kueue_binary(tools: Tools) -> Path:
+    if tools.kueue is None:
+        raise ToolsMissingError(
+            "tools.env names no KUEUE; run hack/build-tools.sh (it builds Kueue for the lab)"
+        )
+    return tools.kueue
+
+
+@contextlib.contextmanager
+def running_kueue(
+    plane: ControlPlane, tools: Tools, *, extra_config: Mapping[str, Any] | None = None
+) -> Iterator[Kueue]:
+    kueue = Kueue(plane, kueue_binary(tools), module_dir(), extra_config=dict(extra_config or {}))
+    try:
+        kueue.start()
+        yield kueue
+    finally:
+        kueue.stop()

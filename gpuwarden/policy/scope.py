@@ -1,0 +1,348 @@
+"""Which pods the webhooks must see: the CEL ``matchConditions`` derived from a policy set.
+
+The API server calls gpuwarden only for pods the policies can change or must check; every other
+pod in a governed namespace is admitted without a call, so it is neither slowed down nor refused
+while gpuwarden is unreachable. The condition is a superset, never a subset, of what the policy
+core acts on:
+
+* what gpuwarden checks in every pod (GPU resources and DRA claims, NVIDIA and CUDA variables
+  and ``envFrom``, hostPath volumes and mounts under NVIDIA's paths, privileged containers and
+  added capabilities, host namespaces, a runtime class, ``gpuwarden.io/*`` labels and
+  annotations);
+* what the policies decide from a workload's labels alone: a rule that may give GPUs to a pod
+  that asks for none brings in the labels and annotations that identify its kind.
+
+On UPDATE (the validating webhook) only the updates gpuwarden checks are sent: subresources
+(ephemeral containers, resize) and pods that carry, or carried, its annotations.
+
+:func:`review_scope` gives the same condition twice: as CEL for the API server and as a Python
+predicate, so tests can hold the predicate to the policy core and the e2e suite the CEL to the
+predicate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.policy import keys
+from gpuwarden.policy.model import (
+    LabelSelector,
+    SelectorMatch,
+    WorkloadRule,
+)
+from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.resources import (
+    CONTAINER_FIELDS,
+    annotations_of,
+    labels_of,
+    metadata_of,
+    spec_of,
+)
+from gpuwarden.policy.workloads import (
+    JOBSET_REPLICATED_JOB,
+    K8S_PART_OF,
+    KATIB_TRIAL,
+    KFP_RUNTIME_ROLE,
+    KFP_V2_COMPONENT,
+    KSERVE_ISVC,
+    NOTEBOOK_NAME,
+    TRAINING_JOB_NAME,
+    WORKSPACE_NAME,
+)
+
+# Resource names that hand out (parts of) GPUs, by prefix (resources.is_gpu_resource's too).
+GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "volcano.sh/vgpu-", "volcano.sh/gpu-")
+# Variables the isolation checks read: NVIDIA's container toolkit, CUDA/MPS, HAMi-core.
+ENV_PREFIXES = ("NVIDIA_", "CUDA_")
+ENV_NAMES = ("GPU_CORE_UTILIZATION_POLICY",)
+# Mount paths under which NVIDIA's device lists and MPS pipes live.
+MOUNT_MARKER = "nvidia"
+OWN_PREFIX = keys.PROFILE_LABEL.split("/", 1)[0] + "/"  # gpuwarden.io/
+# Annotations protected on UPDATE besides gpuwarden's own.
+PROTECTED_ANNOTATIONS = ("volcano.sh/preemptable",)
+
+# What identifies each Kubeflow kind on a pod (gpuwarden.policy.workloads.identify reads these
+# first): label keys, then annotation keys.
+KIND_EVIDENCE: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "kfp-step": ((KFP_V2_COMPONENT,), (KFP_V2_COMPONENT, KFP_RUNTIME_ROLE)),
+    "kfp-system": ((KFP_V2_COMPONENT,), (KFP_V2_COMPONENT, KFP_RUNTIME_ROLE)),
+    "training-job": ((TRAINING_JOB_NAME,), ()),
+    "trainjob": ((JOBSET_REPLICATED_JOB,), ()),
+    "katib-trial": ((KATIB_TRIAL,), ()),
+    "notebook": ((NOTEBOOK_NAME, WORKSPACE_NAME), ()),
+    "kserve-predictor": ((KSERVE_ISVC, K8S_PART_OF), ()),
+}
+
+
+@dataclass(frozen=True)
+class ReviewScope:
+    """The pods the webhooks must see, beyond what every policy set needs."""
+
+    label_keys: tuple[str, ...] = ()  # sorted; a pod with any of them is sent
+    annotation_keys: tuple[str, ...] = ()  # sorted
+    every_pod: bool = False  # a rule may match any pod (a selector gpuwarden cannot narrow)
+
+    def needs_review(
+        self,
+        pod: Mapping[str, Any],
+        *,
+        operation: str = "CREATE",
+        sub_resource: str = "",
+        old_pod: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """The Python twin of :meth:`cel`: whether the API server calls gpuwarden."""
+        if operation == "UPDATE":
+            return bool(sub_resource) or _protected(pod) or _protected(old_pod or {})
+        if self.every_pod:
+            return True
+        labels, annotations = labels_of(pod), annotations_of(pod)
+        if any(key in labels for key in self.label_keys):
+            return True
+        if any(key in annotations for key in self.annotation_keys):
+            return True
+        return _checked_everywhere(pod)
+
+    def cel(self) -> str:
+        """One CEL expression for a webhook's ``matchConditions``."""
+        create = (
+            "true"
+            if self.every_pod
+            else " || ".join(
+                [
+                    *(
+                        f'(has(object.metadata.labels) && "{k}" in object.metadata.labels)'
+                        for k in self.label_keys
+                    ),
+                    *(
+                        f'(has(object.metadata.annotations) && "{k}" in object.metadata.annotations)'
+                        for k in self.annotation_keys
+                    ),
+                    _POD_CEL,
+                ]
+            )
+        )
+        return f'request.operation == "UPDATE" ? ({_UPDATE_CEL}) : ({create})'
+
+    def match_conditions(self) -> list[dict[str, str]]:
+        """The webhooks' matchConditions (ANDed by the API server)."""
+        return [
+            {
+                "name": "pods-only",
+                "expression": 'request.kind.group == "" && request.kind.kind == "Pod"',
+            },
+            {"name": "gpuwarden-may-act", "expression": self.cel()},
+        ]
+
+
+def review_scope(policies: PolicySet) -> ReviewScope:
+    """The scope of a policy set: rules that may give GPUs to pods that ask for none widen it."""
+    labels: set[str] = set()
+    annotations: set[str] = set()
+    every_pod = False
+    for rule, _ in policies.rules:
+        if not _may_give_unasked_gpus(rule):
+            continue
+        match = rule.match
+        if isinstance(match, SelectorMatch):
+            narrowed = _selector_keys(match.labels)
+            if narrowed is None and not match.annotations:
+                every_pod = True
+                continue
+            labels.update(narrowed or ())
+            annotations.update(match.annotations)
+            continue
+        kind_labels, kind_annotations = KIND_EVIDENCE[match.kind]
+        labels.update(kind_labels)
+        annotations.update(kind_annotations)
+    return ReviewScope(tuple(sorted(labels)), tuple(sorted(annotations)), every_pod)
+
+
+def _may_give_unasked_gpus(rule: WorkloadRule) -> bool:
+    """Whether a rule could act on a pod that names no GPU resource (its profile is not read:
+    a tenant override may give GPUs where the profile gives none)."""
+    return not rule.skip and not rule.require_gpu_request and rule.max_gpu_request is None
+
+
+def _selector_keys(selector: LabelSelector | None) -> tuple[str, ...] | None:
+    """Label keys of which a matching pod has at least one; None when a pod with none of them
+    can match (no selector, or only NotIn / DoesNotExist expressions)."""
+    if selector is None:
+        return None
+    wanted = [*selector.match_labels]
+    wanted += [r.key for r in selector.match_expressions if r.operator in ("In", "Exists")]
+    return tuple(wanted) or None
+
+
+# --- what every policy set checks ----------------------------------------------------------
+
+
+_GPU_KEYS = " || ".join(f'k.startsWith("{p}")' for p in GPU_RESOURCE_PREFIXES)
+_ENV_TEST = " || ".join(
+    [*(f'e.name.startsWith("{p}")' for p in ENV_PREFIXES), *(f'e.name == "{n}"' for n in ENV_NAMES)]
+)
+_CONTAINER_CEL = (
+    "(has(c.resources) && ("
+    f"(has(c.resources.limits) && c.resources.limits.exists(k, {_GPU_KEYS})) || "
+    f"(has(c.resources.requests) && c.resources.requests.exists(k, {_GPU_KEYS})) || "
+    "has(c.resources.claims))) || "
+    f"(has(c.env) && c.env.exists(e, {_ENV_TEST})) || "
+    "has(c.envFrom) || "
+    f'(has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath.contains("{MOUNT_MARKER}"))) || '
+    "(has(c.securityContext) && ("
+    "(has(c.securityContext.privileged) && c.securityContext.privileged) || "
+    "(has(c.securityContext.capabilities) && has(c.securityContext.capabilities.add))))"
+)
+_POD_CEL = " || ".join(
+    [
+        *(
+            f"(has(object.spec.{field}) && object.spec.{field}.exists(c, {_CONTAINER_CEL}))"
+            for field in CONTAINER_FIELDS
+        ),
+        "(has(object.spec.volumes) && object.spec.volumes.exists(v, has(v.hostPath)))",
+        *(
+            f"(has(object.spec.{f}) && object.spec.{f})"
+            for f in ("hostPID", "hostIPC", "hostNetwork")
+        ),
+        "has(object.spec.runtimeClassName)",
+        "has(object.spec.resourceClaims)",
+        "(has(object.metadata.labels) && "
+        f'object.metadata.labels.exists(k, k.startsWith("{OWN_PREFIX}")))',
+        "(has(object.metadata.annotations) && "
+        f'object.metadata.annotations.exists(k, k.startsWith("{OWN_PREFIX}")))',
+    ]
+)
+
+
+def _protected_cel(var: str) -> str:
+    tests = " || ".join(
+        [f'k.startsWith("{OWN_PREFIX}")', *(f'k == "{a}"' for a in PROTECTED_ANNOTATIONS)]
+    )
+    return f"(has({var}.metadata.annotations) && {var}.metadata.annotations.exists(k, {tests}))"
+
+
+_UPDATE_CEL = (
+    '(has(request.subResource) && request.subResource != "") || '
+    f"{_protected_cel('object')} || "
+    f"(oldObject != null && {_protected_cel('oldObject')})"
+)
+
+
+def _protected(pod: Mapping[str, Any]) -> bool:
+    return any(
+        key.startswith(OWN_PREFIX) or key in PROTECTED_ANNOTATIONS for key in annotations_of(pod)
+    )
+
+
+def _is_gpu_key(name: object) -> bool:
+    return isinstance(name, str) and name.startswith(GPU_RESOURCE_PREFIXES)
+
+
+def _container_needs(body: Mapping[str, Any]) -> bool:
+    resources = body.get("resources")
+    if isinstance(resources, dict):
+        for section in ("limits", "requests"):
+            values = resources.get(section)
+            if isinstance(values, dict) and any(_is_gpu_key(k) for k in values):
+                return True
+        if "claims" in resources:
+            return True
+    env = body.get("env")
+    if isinstance(env, list) and any(
+        isinstance(e, dict)
+        and isinstance(e.get("name"), str)
+        and (e["name"].startswith(ENV_PREFIXES) or e["name"] in ENV_NAMES)
+        for e in env
+    ):
+        return True
+    if "envFrom" in body:
+        return True
+    mounts = body.get("volumeMounts")
+    if isinstance(mounts, list) and any(
+        isinstance(m, dict) and MOUNT_MARKER in str(m.get("mountPath", "")) for m in mounts
+    ):
+        return True
+    context = body.get("securityContext")
+    if isinstance(context, dict):
+        if context.get("privileged") is True:
+            return True
+        capabilities = context.get("capabilities")
+        if isinstance(capabilities, dict) and "add" in capabilities:
+            return True
+    return False
+
+
+def _checked_everywhere(pod: Mapping[str, Any]) -> bool:
+    spec = spec_of(pod)
+    for field in CONTAINER_FIELDS:
+        items = spec.get(field)
+        if isinstance(items, list) and any(
+            isinstance(c, dict) and _container_needs(c) for c in items
+        ):
+            return True
+    volumes = spec.get("volumes")
+    if isinstance(volumes, list) and any(isinstance(v, dict) and "hostPath" in v for v in volumes):
+        return True
+    if any(spec.get(f) is True for f in ("hostPID", "hostIPC", "hostNetwork")):
+        return True
+    if "runtimeClassName" in spec or "resourceClaims" in spec:
+        return True
+    meta = metadata_of(pod)
+    for section in ("labels", "annotations"):
+        values = meta.get(section)
+        if isinstance(values, dict) and any(str(k).startswith(OWN_PREFIX) for k in values):
+            return True
+    return False
+
+
+# --- ConfigMaps -----------------------------------------------------------------------------
+
+#: Only ConfigMaps holding a key that an envFrom could turn into a variable the isolation checks
+#: read are sent (validate.validate_config_map judges them); other ConfigMap writes never wait
+#: on gpuwarden.
+CONFIG_MAP_CEL = (
+    'request.kind.group == "" && request.kind.kind == "ConfigMap" && has(object.data) && '
+    f"object.data.exists(k, {_ENV_TEST.replace('e.name', 'k')})"
+)
+
+
+def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
+    """The Python twin of :data:`CONFIG_MAP_CEL`."""
+    data = config_map.get("data")
+    return isinstance(data, dict) and any(
+        isinstance(k, str) and (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) for k in data
+    )
+
+
+# --- the chart ------------------------------------------------------------------------------
+
+CHART_TEMPLATE_HEADER = (
+    "{{- /* Generated by hack/update-docs.py from gpuwarden/policy/scope.py: the parts of the "
+    "webhooks' matchConditions that do not depend on the policies. Do not edit. */ -}}\n"
+)
+
+
+def chart_template() -> str:
+    """charts/gpuwarden/templates/_scope.tpl: the fixed parts of :meth:`ReviewScope.cel`, which
+    the chart's webhooks.yaml joins with the keys of the policies in its values."""
+    evidence = {
+        kind: {"labels": list(labels), "annotations": list(annotations)}
+        for kind, (labels, annotations) in sorted(KIND_EVIDENCE.items())
+    }
+    return (
+        CHART_TEMPLATE_HEADER
+        + '{{- define "gpuwarden.scope.evidence" -}}\n'
+        + json.dumps(evidence, sort_keys=True)
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.pod" -}}\n'
+        + _POD_CEL
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.update" -}}\n'
+        + _UPDATE_CEL
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.configMaps" -}}\n'
+        + CONFIG_MAP_CEL
+        + "\n{{- end -}}\n"
+    )
