@@ -405,9 +405,50 @@ def openapi_schema() -> dict[str, Any]:
             # Structural rule: only metadata.name and generateName may be constrained.
             "metadata": {"type": "object"},
             "spec": spec,
+            "status": status_schema(),
         },
         "required": ["spec"],
     }
+
+
+def status_schema() -> dict[str, Any]:
+    """The status the webhook writes (gpuwarden.kube.gpupolicies): metav1.Condition's schema."""
+    generation = {"type": "integer", "format": "int64", "minimum": 0}
+    return {
+        "type": "object",
+        "description": "Written by the gpuwarden webhook: whether this generation is in force.",
+        "properties": {
+            "observedGeneration": {
+                **generation,
+                "description": "The generation the conditions describe.",
+            },
+            "conditions": {
+                "type": "array",
+                "description": "Ready: True (reason Valid) when this generation is in force; "
+                "False (reason Invalid) when it cannot be, with the loader's message naming the "
+                "field. An invalid generation never replaces the last valid one in a running "
+                "webhook.",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+                "items": {
+                    "type": "object",
+                    "required": ["type", "status", "lastTransitionTime", "reason", "message"],
+                    "properties": {
+                        "type": {"type": "string", "maxLength": 316},
+                        "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                        "observedGeneration": generation,
+                        "lastTransitionTime": {"type": "string", "format": "date-time"},
+                        "reason": {"type": "string", "minLength": 1, "maxLength": 1024},
+                        "message": {"type": "string", "maxLength": 32768},
+                    },
+                },
+            },
+        },
+    }
+
+
+def _ready(field: str) -> str:
+    return f'.status.conditions[?(@.type=="Ready")].{field}'
 
 
 def crd_manifest() -> dict[str, Any]:
@@ -436,7 +477,19 @@ def crd_manifest() -> dict[str, Any]:
                     "served": True,
                     "storage": True,
                     "schema": {"openAPIV3Schema": openapi_schema()},
+                    # spec and status are written apart: the webhook writes only status.
+                    "subresources": {"status": {}},
                     "additionalPrinterColumns": [
+                        {
+                            "name": "Ready",
+                            "type": "string",
+                            "jsonPath": _ready("status"),
+                        },
+                        {
+                            "name": "Reason",
+                            "type": "string",
+                            "jsonPath": _ready("reason"),
+                        },
                         {
                             "name": "Backend",
                             "type": "string",
@@ -451,6 +504,12 @@ def crd_manifest() -> dict[str, Any]:
                             "name": "Age",
                             "type": "date",
                             "jsonPath": ".metadata.creationTimestamp",
+                        },
+                        {
+                            "name": "Message",
+                            "type": "string",
+                            "priority": 1,  # -o wide
+                            "jsonPath": _ready("message"),
                         },
                     ],
                 }

@@ -48,8 +48,8 @@ class PolicyState:
 
 @dataclass(frozen=True)
 class ReloadResult:
-    changed: bool  # the files changed since the last check
-    ok: bool  # they loaded (or nothing changed)
+    changed: bool  # the files, or what the GPUPolicy objects come to, changed since the last check
+    ok: bool  # they loaded, and no object turned invalid (or nothing changed)
     error: str | None = None
 
 
@@ -240,16 +240,21 @@ class PolicyReloader:
         if not files_changed and not objects_changed:
             return ReloadResult(changed=False, ok=self.state.error is None)
         if self._files is None:  # no files have loaded yet
-            error = files_error or self.state.error or "not loaded"
+            failed = files_error or self.state.error or "not loaded"
             self.state = replace(
-                self.state, error=error, reloads_failed=self.state.reloads_failed + 1
+                self.state, error=failed, reloads_failed=self.state.reloads_failed + 1
             )
-            return ReloadResult(changed=True, ok=False, error=error)
+            return ReloadResult(changed=True, ok=False, error=failed)
         composed = compose(self._files, objects, self._last_good)
         self._last_good = composed.last_good
         if synced and self.objects is not None:
+            # Judged from every object there is: their status may say so.
             self._composed_synced = True
             self.objects.report(composed.verdicts)
+        same_set = composed.policies.fingerprint == self.state.fingerprint
+        if not files_changed and same_set and composed.verdicts == self.state.objects:
+            # The objects became known (or changed back): nothing served changes.
+            return ReloadResult(changed=False, ok=self.state.error is None)
         previous = self.state.objects
         problems = [
             _describe(name, verdict)
@@ -262,10 +267,8 @@ class PolicyReloader:
         ok = not problems
         self.state = replace(
             self.state,
-            policies=composed.policies,
-            loaded_at=self._clock()
-            if composed.policies is not self.state.policies
-            else self.state.loaded_at,
+            policies=self.state.policies if same_set else composed.policies,
+            loaded_at=self.state.loaded_at if same_set else self._clock(),
             error=error,
             objects=composed.verdicts,
             reloads_ok=self.state.reloads_ok + (1 if ok else 0),

@@ -19,7 +19,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuwarden.cli import build_parser
 from gpuwarden.cli import main as gpuwarden
+from gpuwarden.commands.serve import config_from
 from gpuwarden.node.mps import device_plugin_directories
 from gpuwarden.policy import PolicySet, keys, load_paths
 from gpuwarden.policy.model import LabelSelector
@@ -345,7 +347,8 @@ def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Renderi
 
 
 def _args(container: dict[str, Any]) -> dict[str, str]:
-    return dict(arg.split("=", 1) for arg in container["args"] if arg.startswith("--"))
+    """``--flag=value`` arguments by flag (a bare ``--flag`` maps to "")."""
+    return dict(arg.partition("=")[::2] for arg in container["args"] if arg.startswith("--"))
 
 
 def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -> None:
@@ -466,10 +469,13 @@ def _rules(rendering: Rendering, name: str) -> list[tuple[tuple[str, ...], tuple
 
 def test_rbac_verbs(default: Rendering) -> None:
     # Exactly the calls the code makes: list/watch for the caches, get for a namespace read live.
+    # GPUPolicy objects: watched, and only their status written (patch), never their spec.
     assert _rules(default, f"{FULLNAME}-webhook") == [
         (("namespaces",), ("get", "list", "watch")),
         (("pods", "configmaps"), ("list", "watch")),
         (("priorityclasses",), ("list", "watch")),
+        (("gpupolicies",), ("list", "watch")),
+        (("gpupolicies/status",), ("patch",)),
     ]
     assert _rules(default, f"{FULLNAME}-node-agent") == [
         (("pods",), ("list", "watch")),
@@ -478,6 +484,27 @@ def test_rbac_verbs(default: Rendering) -> None:
     ]
     # Nothing but the self-managed certificate roles may write, and those only by name.
     assert default.all("Role") == []
+
+
+def _webhook_serves_gpupolicies(rendering: Rendering) -> bool:
+    """Whether `gpuwarden serve`, given the Deployment's arguments, watches GPUPolicy objects."""
+    container = rendering.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return config_from(build_parser().parse_args(container["args"])).watch_policies
+
+
+def test_gpupolicy_objects_are_served_only_with_their_rbac(default: Rendering) -> None:
+    assert _webhook_serves_gpupolicies(default)
+    assert {"gpupolicies", "gpupolicies/status"} <= {
+        resource
+        for resources, _ in _rules(default, f"{FULLNAME}-webhook")
+        for resource in resources
+    }
+    files_only = template(sets={"webhook.watchPolicies": "false"})
+    assert not _webhook_serves_gpupolicies(files_only)
+    assert not any(
+        "gpuwarden.io" in rule["apiGroups"]
+        for rule in files_only.one("ClusterRole", f"{FULLNAME}-webhook")["rules"]
+    )
 
 
 def _policy_volume(rendering: Rendering, directory: Path) -> Path:
