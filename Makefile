@@ -5,8 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CACHE_DIR ?= $(HOME)/.cache/gpuwarden-e2e
 export GPUWARDEN_CACHE_DIR := $(CACHE_DIR)
+# mkdocs-material prints a notice about its successor on every build; the docs build quietly.
+export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs simulate clean
+.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs site simulate clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,7 +35,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e"
 
-test: lint typecheck tools
+test: lint typecheck site tools
 	$(BIN)/pytest
 
 demo: $(STAMP)
@@ -61,9 +63,16 @@ fuzz: $(STAMP)
 simulate: $(STAMP) tools
 	$(BIN)/gpuwarden simulate --plot .cache/simulate.png
 
-## Regenerate the README's field table and the chart's CRD from the policy model.
+## Regenerate the field reference (docs/reference.md), the CRD and the chart's schemas from the
+## policy model, then build the documentation site.
 docs: $(STAMP)
 	$(BIN)/python hack/update-docs.py
+	$(BIN)/mkdocs build --strict --site-dir .cache/site
+
+## Build the documentation site (mkdocs.yml, docs/) into .cache/site; --strict fails on a broken
+## link or anchor. `make test` runs this; it checks, and never rewrites, the generated files.
+site: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir .cache/site
 
 clean:
 	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis

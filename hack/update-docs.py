@@ -1,6 +1,7 @@
-"""Regenerate what the policy model generates: the README's field table, the chart's CRD, the
-chart's values.schema.json (which Helm checks `policies` against) and files/gpupolicy.schema.json
-(which the chart's templates check policies given as YAML text against)."""
+"""Regenerate what the policy model generates: the field table of docs/reference.md, the chart's
+CRD, the chart's values.schema.json (which Helm checks `policies` against) and
+files/gpupolicy.schema.json (which the chart's templates check policies given as YAML text
+against), and templates/_scope.tpl (the fixed parts of the webhooks' matchConditions)."""
 
 from __future__ import annotations
 
@@ -14,37 +15,41 @@ from gpuwarden.policy.schema import (
     schema_json,
     values_schema,
 )
+from gpuwarden.policy.scope import chart_template
 
 ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
+REFERENCE = ROOT / "docs" / "reference.md"
 CHART = ROOT / "charts" / "gpuwarden"
 CRD = CHART / "crds" / "gpupolicies.gpuwarden.io.yaml"
 VALUES_SCHEMA = CHART / "values.schema.json"
 POLICY_SCHEMA = CHART / "files" / "gpupolicy.schema.json"
+SCOPE_TEMPLATE = CHART / "templates" / "_scope.tpl"
 START, END = "<!-- fields:start -->", "<!-- fields:end -->"
 
 
-def readme_with_table(text: str) -> str:
+def with_field_table(text: str) -> str:
+    """text (docs/reference.md) with the table between the markers generated anew."""
     head, rest = text.split(START, 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}\n{policy_field_table().rstrip()}\n{END}{tail}"
 
 
 def generated_files() -> dict[Path, str]:
-    """Every file generated from the model but the README, with its content."""
+    """Every file generated from the model but docs/reference.md, with its content."""
     return {
         CRD: crd_yaml(),
         VALUES_SCHEMA: schema_json(values_schema()),
         POLICY_SCHEMA: schema_json(policy_document_schema()),
+        SCOPE_TEMPLATE: chart_template(),
     }
 
 
 def main() -> int:
-    README.write_text(readme_with_table(README.read_text()))
+    REFERENCE.write_text(with_field_table(REFERENCE.read_text()))
     for path, text in generated_files().items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    written = [README, *generated_files()]
+    written = [REFERENCE, *generated_files()]
     print("updated " + ", ".join(str(path.relative_to(ROOT)) for path in written))
     return 0
 

@@ -1,12 +1,22 @@
-"""The README's field table is generated from the policy model and must not drift from it."""
+"""The documentation: the field reference (docs/reference.md) is generated from the policy model
+and must not drift from it, nor must the chart's files generated beside it; every relative link
+in README.md and docs/ leads to a file and heading that exist (`make test` also builds the site
+with `mkdocs build --strict`, which checks the docs pages' links the same way)."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+REFERENCE = DOCS / "reference.md"
+PAGES = sorted(DOCS.glob("*.md"))
+MARKDOWN = [ROOT / "README.md", *PAGES]
 
 
 def _update_docs_module() -> ModuleType:
@@ -17,18 +27,25 @@ def _update_docs_module() -> ModuleType:
     return module
 
 
-def test_readme_field_table_is_generated_from_the_model() -> None:
+def test_field_reference_is_generated_from_the_model() -> None:
     docs = _update_docs_module()
-    readme = (ROOT / "README.md").read_text()
-    assert readme == docs.readme_with_table(readme), (
-        "README.md's field table is stale: run `make docs`"
+    reference = REFERENCE.read_text()
+    assert reference == docs.with_field_table(reference), (
+        "docs/reference.md's field table is stale: run `make docs`"
     )
 
 
-def test_readme_field_table_covers_the_seed_fields() -> None:
-    readme = (ROOT / "README.md").read_text()
+def test_field_reference_covers_the_profile_fields() -> None:
+    reference = REFERENCE.read_text()
     for field in ("gpuShare", "maxMemory", "overcommitRatio", "priority", "preemptible"):
-        assert f"`spec.profiles[].{field}`" in readme
+        assert f"`spec.profiles[].{field}`" in reference
+
+
+def test_the_field_table_lives_in_the_reference_only() -> None:
+    docs = _update_docs_module()
+    for path in MARKDOWN:
+        if path != REFERENCE:
+            assert docs.START not in path.read_text(), f"{path.relative_to(ROOT)}"
 
 
 def test_chart_files_generated_from_the_model_are_current() -> None:
@@ -41,3 +58,82 @@ def test_chart_files_generated_from_the_model_are_current() -> None:
     } <= names
     for path, text in generated.items():
         assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: run `make docs`"
+
+
+# --- links -------------------------------------------------------------------------------------
+
+FENCE = re.compile(r"^ *(```|~~~)")
+CODE_SPAN = re.compile(r"(`+).*?\1")
+LINK = re.compile(r"(?<!!)\[(?:[^\]\\]|\\.)*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
+HEADING = re.compile(r"^(#{1,6}) +(.+?) *#*$")
+
+
+def _prose_lines(path: Path) -> list[str]:
+    """The lines of a Markdown file outside fenced code blocks."""
+    lines, fenced = [], False
+    for line in path.read_text().splitlines():
+        if FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            lines.append(line)
+    return lines
+
+
+def _slug(heading: str) -> str:
+    """A heading's anchor as GitHub writes it (and MkDocs' toc, for the headings used here)."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link's text
+    text = text.replace("`", "").replace("*", "").strip().lower()
+    return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    anchors: set[str] = set()
+    for line in _prose_lines(path):
+        match = HEADING.match(line)
+        if match:
+            slug = base = _slug(match.group(2))
+            n = 0
+            while slug in anchors:
+                n += 1
+                slug = f"{base}-{n}"
+            anchors.add(slug)
+    return anchors
+
+
+def _relative_links(path: Path) -> list[str]:
+    links = []
+    for line in _prose_lines(path):
+        for match in LINK.finditer(CODE_SPAN.sub("", line)):
+            target = match.group(1)
+            if not SCHEME.match(target):
+                links.append(target)
+    return links
+
+
+def test_the_link_checker_sees_the_readmes_links() -> None:
+    links = _relative_links(ROOT / "README.md")
+    assert "docs/install.md#prerequisites-and-steps" in links
+    assert all(not link.startswith("http") for link in links)
+    assert "prerequisites-and-steps" in _anchors(DOCS / "install.md")
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_relative_links_lead_to_existing_files_and_headings(path: Path) -> None:
+    broken = []
+    for link in _relative_links(path):
+        name, _, anchor = link.partition("#")
+        target = (path.parent / name).resolve() if name else path
+        if not target.exists():
+            broken.append(f"{link}: no file {target.relative_to(ROOT)}")
+            continue
+        if path.parent == DOCS and DOCS not in [target, *target.parents]:
+            broken.append(f"{link}: outside docs/, which the site cannot link to")
+        if anchor and target.suffix == ".md" and anchor not in _anchors(target):
+            broken.append(f"{link}: no heading #{anchor} in {target.relative_to(ROOT)}")
+    assert not broken, f"{path.relative_to(ROOT)}: broken links:\n" + "\n".join(broken)
+
+
+def test_every_docs_page_is_in_the_site_navigation() -> None:
+    nav = re.findall(r"^ +- [^:\n]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert sorted(nav) == sorted(page.name for page in PAGES)

@@ -50,7 +50,7 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument(
         "--field-table",
         action="store_true",
-        help="print every GPUPolicy field as a Markdown table (for the README)",
+        help="print every GPUPolicy field as a Markdown table (docs/reference.md)",
     )
     parser.add_argument(
         "--no-priority-classes",

@@ -30,7 +30,7 @@ from gpuwarden.policy.loader import (
 
 HELP = "Run declarative policy test suites and print a pass/fail table"
 
-# Printed by `gpuwarden test --help`; the README points here.
+# Printed by `gpuwarden test --help`; the README's "Test suites" section points here.
 DESCRIPTION = """\
 Run declarative policy test suites and print a pass/fail table (exit 1 if any case fails).
 

@@ -1,7 +1,7 @@
 """The declarative GPU policy model (``gpuwarden.io/v1alpha1`` ``GPUPolicy``).
 
 These pydantic models are the one source of truth: the loader validates with them, the CRD's
-OpenAPI schema and the README's field table are generated from them.
+OpenAPI schema and the field table of docs/reference.md are generated from them.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The GPUPolicy CRD and the README's field table, generated from the pydantic model.
+"""The GPUPolicy CRD and the field table of docs/reference.md, generated from the pydantic model.
 
 Pydantic writes JSON Schema (2020-12): ``$defs``/``$ref``, ``anyOf`` with ``null`` for optional
 fields, ``oneOf`` plus ``discriminator`` for tagged unions, ``const`` and ``title``. A CRD needs a
@@ -527,7 +527,7 @@ def crd_yaml() -> str:
     return header + yaml.safe_dump(crd_manifest(), sort_keys=False, width=100)
 
 
-# --- README field table -----------------------------------------------------------------------
+# --- field table (docs/reference.md) ----------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -149,7 +149,7 @@ TLS_READ_BUFFER = 16 * 1024
 # layer's encrypted bytes (256 KiB by asyncio's default) and aiohttp's decrypted ones (twice its
 # read size, 64 KiB by default). With the defaults and a 64 KiB read buffer, each of a thousand
 # connections streaming a body held about 630 KiB (a 512Mi replica would have been killed);
-# with these, about 90 KiB (the README's reliability section).
+# with these, about 90 KiB (docs/webhook.md, reliability).
 TLS_PENDING_BYTES = 16 * 1024
 REQUEST_READ_SIZE = 16 * 1024
 

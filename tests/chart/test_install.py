@@ -1,8 +1,8 @@
 """What installing the chart asks of the user, checked with the real helm binary: a policy the
 loader would refuse fails `helm template` with the field named, whether it comes as a mapping
 (values.schema.json) or as YAML text (--set-file, the chart's own check); every policy the
-loader accepts renders; NOTES name the prerequisites the values call for; and the README's
-install steps run as written."""
+loader accepts renders; NOTES name the prerequisites the values call for; and the install
+steps, in full in docs/install.md and short in the README, run as written."""
 
 from __future__ import annotations
 
@@ -26,7 +26,12 @@ from .support import CHART, NAMESPACE, RELEASE, REPO, Rendering, helm, run_helm,
 
 pytestmark = pytest.mark.helm
 
-README = REPO / "README.md"
+INSTALL_DOC = REPO / "docs" / "install.md"
+# The install steps: the README's short list and the full one, each under its heading.
+INSTALL_STEPS = [
+    (REPO / "README.md", "## Installing on a cluster"),
+    (INSTALL_DOC, "## Prerequisites and steps"),
+]
 KEY = "kubeflow.yaml"
 POLICY: dict[str, Any] = {
     "apiVersion": "gpuwarden.io/v1alpha1",
@@ -65,7 +70,7 @@ def _spec(**spec: Any) -> dict[str, Any]:
 
 
 def _template_text(text: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """`helm template` with the policy file given as text, as the README does (--set-file)."""
+    """`helm template` with the policy file given as text, as the install steps do (--set-file)."""
     path = tmp_path / KEY
     path.write_text(text)
     key = KEY.replace(".", "\\.")
@@ -119,9 +124,9 @@ def test_a_typo_in_a_policy_mapping_fails_helm_template(tmp_path: Path) -> None:
     assert "additional properties 'maxMemroy' not allowed" in result.stderr
 
 
-def test_the_readme_shows_the_error_helm_prints(tmp_path: Path) -> None:
-    shown = [line.strip() for line in README.read_text().splitlines() if "maxMemroy:" in line]
-    assert len(shown) == 1, "the README shows one maxMemroy error line"
+def test_the_install_page_shows_the_error_helm_prints(tmp_path: Path) -> None:
+    shown = [line.strip() for line in INSTALL_DOC.read_text().splitlines() if "maxMemroy:" in line]
+    assert len(shown) == 1, "docs/install.md shows one maxMemroy error line"
     result = _template_text(
         yaml.safe_dump(_with({"maxMemory": None, "maxMemroy": "8Gi"})), tmp_path
     )
@@ -347,17 +352,18 @@ def test_notes_say_monitoring_is_off_and_what_it_needs(default_notes: str) -> No
     assert "The Prometheus Operator's CRDs (monitoring.coreos.com/v1)" in on
 
 
-# --- the README's install section -------------------------------------------------------------
+# --- the install steps (README.md and docs/install.md) -----------------------------------------
 
 
-def _install_section() -> str:
-    text = README.read_text()
-    start = text.index("## Installing on a cluster")
+def _install_section(path: Path, heading: str) -> str:
+    text = path.read_text()
+    start = text.index(heading)
     return text[start : text.index("\n## ", start + 1)]
 
 
-def test_readme_lists_the_prerequisites_in_order() -> None:
-    section = _install_section()
+@pytest.mark.parametrize(("path", "heading"), INSTALL_STEPS, ids=["README", "docs-install"])
+def test_install_steps_list_the_prerequisites_in_order(path: Path, heading: str) -> None:
+    section = _install_section(path, heading)
     steps = [
         "**Kubernetes 1.30 or newer**",
         "**cert-manager**",
@@ -375,10 +381,11 @@ def test_readme_lists_the_prerequisites_in_order() -> None:
     assert "the monitoring rules" not in section  # off by default, not installed unasked
 
 
-def test_readme_install_command_renders_the_image_policies_and_tenant_objects(
-    tmp_path: Path,
+@pytest.mark.parametrize(("path", "heading"), INSTALL_STEPS, ids=["README", "docs-install"])
+def test_install_command_renders_the_image_policies_and_tenant_objects(
+    tmp_path: Path, path: Path, heading: str
 ) -> None:
-    section = _install_section()
+    section = _install_section(path, heading)
     render = re.search(r"^ *(gpuwarden render [^\n]*?) > rendered\.yaml$", section, re.M)
     install = re.search(r"^ *(helm install gpuwarden (?:[^\n]*\\\n)*[^\n]*)$", section, re.M)
     assert render and install

@@ -1,4 +1,4 @@
-"""Every row of the README's backend tables, through the webhook and a real API server.
+"""Every row of the backend tables in docs/policies.md, through the webhook and a real API server.
 
 The rows live in tests/policy/fixtures/backend-rows.yaml (also checked through `gpuwarden
 apply`); here each row's pod is created in a namespace of the rows' tenant and the stored pod is

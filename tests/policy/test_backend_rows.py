@@ -1,4 +1,4 @@
-"""Every row of the README's backend tables, through `gpuwarden apply` (the dry-run CLI).
+"""Every row of the backend tables in docs/policies.md, through `gpuwarden apply` (the dry-run CLI).
 
 The rows live in fixtures/backend-rows.yaml, which the e2e suite replays through the webhook.
 """
