@@ -35,29 +35,52 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="policy file or directory (a ConfigMap volume works); repeatable; reloaded on change",
     )
-    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    parser.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    parser.add_argument(
+        "--host",
+        default="0.0.0.0",
+        help="address to listen on (default 0.0.0.0)",
+        metavar="ADDRESS",
+    )
+    parser.add_argument(
+        "--port", type=int, default=8443, help="HTTPS port (default 8443)", metavar="PORT"
+    )
     parser.add_argument(
         "--metrics-port",
         type=int,
         default=9090,
         help="plain-HTTP port for /metrics, /healthz and /readyz (default 9090; 0 picks one, -1 disables)",
+        metavar="PORT",
     )
     tls = parser.add_argument_group("TLS")
     tls.add_argument(
         "--cert-dir",
         type=Path,
         help="directory with ca.crt, tls.crt and tls.key; issued here when absent, renewed before expiry",
+        metavar="DIR",
     )
-    tls.add_argument("--tls-cert", type=Path, help="serving certificate (reloaded on change)")
-    tls.add_argument("--tls-key", type=Path, help="serving key (reloaded on change)")
+    tls.add_argument(
+        "--tls-cert", type=Path, help="serving certificate (reloaded on change)", metavar="FILE"
+    )
+    tls.add_argument(
+        "--tls-key", type=Path, help="serving key (reloaded on change)", metavar="FILE"
+    )
     tls.add_argument(
         "--client-ca",
         type=Path,
         help="require client certificates signed by this CA (the API server's)",
+        metavar="FILE",
     )
-    tls.add_argument("--service", help="Service name: its DNS names go into an issued certificate")
-    tls.add_argument("--service-namespace", default="gpuwarden", help="the Service's namespace")
+    tls.add_argument(
+        "--service",
+        help="Service name: its DNS names go into an issued certificate",
+        metavar="NAME",
+    )
+    tls.add_argument(
+        "--service-namespace",
+        default="gpuwarden",
+        help="the Service's namespace",
+        metavar="NAMESPACE",
+    )
     tls.add_argument(
         "--san",
         action="append",
@@ -73,7 +96,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="Namespace, PriorityClass and ConfigMap manifests; run without a cluster",
     )
     cluster.add_argument(
-        "--kubeconfig", type=Path, help="kubeconfig (default: in-cluster, then ~/.kube/config)"
+        "--kubeconfig",
+        type=Path,
+        help="kubeconfig (default: in-cluster, then ~/.kube/config)",
+        metavar="FILE",
     )
     cluster.add_argument(
         "--watch-policies",
@@ -87,10 +113,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=300,
         help="seconds before each watch is restarted from its resourceVersion (default 300)",
+        metavar="SECONDS",
     )
     behaviour = parser.add_argument_group("behaviour")
     behaviour.add_argument(
-        "--workers", type=int, default=1, help="processes sharing the port (SO_REUSEPORT)"
+        "--workers",
+        type=int,
+        default=1,
+        help="processes sharing the port (SO_REUSEPORT)",
+        metavar="N",
     )
     behaviour.add_argument(
         "--failure-mode",
@@ -103,12 +134,14 @@ def register(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=8.0,
         help="seconds to answer each request; keep below the webhook's timeoutSeconds (default 8)",
+        metavar="SECONDS",
     )
     behaviour.add_argument(
         "--max-body-bytes",
         type=int,
         default=DEFAULT_MAX_BODY,
         help=f"largest AdmissionReview accepted (default {DEFAULT_MAX_BODY})",
+        metavar="BYTES",
     )
     behaviour.add_argument(
         "--max-body-bytes-in-flight",
@@ -117,18 +150,21 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="request bodies held at once per worker, from reading to answering; past it a "
         "request waits, within its deadline, then gets 503 "
         f"(default {DEFAULT_BODY_BYTES_IN_FLIGHT}; at least --max-body-bytes)",
+        metavar="BYTES",
     )
     behaviour.add_argument(
         "--reload-interval",
         type=float,
         default=2.0,
         help="seconds between checks of the policy and certificate files (default 2)",
+        metavar="SECONDS",
     )
     behaviour.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
         help="seconds to finish in-flight requests after SIGTERM (default 30)",
+        metavar="SECONDS",
     )
     behaviour.add_argument(
         "--drain-delay",
@@ -136,6 +172,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="seconds to keep accepting after SIGTERM, unready, while the endpoint removal "
         "reaches the API server (default 0; the chart sets 5)",
+        metavar="SECONDS",
     )
     behaviour.add_argument(
         "--log-level",
@@ -153,6 +190,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="connections held at once; a new one past it closes the one that has waited on "
         "its client longest (handshake, idle, or a request still arriving), never one being "
         f"answered (default {LIMITS.max_connections})",
+        metavar="N",
     )
     connections.add_argument(
         "--handshake-timeout",
@@ -160,6 +198,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=LIMITS.handshake_timeout,
         help=f"seconds from accepting a connection to the end of its TLS handshake "
         f"(default {LIMITS.handshake_timeout:g})",
+        metavar="SECONDS",
     )
     connections.add_argument(
         "--header-timeout",
@@ -167,6 +206,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=LIMITS.header_timeout,
         help=f"seconds from a request's first byte to the end of its headers "
         f"(default {LIMITS.header_timeout:g})",
+        metavar="SECONDS",
     )
     connections.add_argument(
         "--keepalive-timeout",
@@ -174,6 +214,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=LIMITS.keepalive_timeout,
         help=f"seconds a kept-alive connection may wait for its next request "
         f"(default {LIMITS.keepalive_timeout:g})",
+        metavar="SECONDS",
     )
 
 
