@@ -835,6 +835,10 @@ def _worker(config: ServeConfig) -> None:
     except ServeError as exc:
         log.error("cannot serve", extra={"fields": {"error": str(exc)}})
         raise SystemExit(2) from exc
+    except OSError as exc:
+        # A port in use: one log line, not a worker's traceback (the parent stops the others).
+        log.error("cannot listen", extra={"fields": {"error": str(exc)}})
+        raise SystemExit(2) from exc
 
 
 def serve(config: ServeConfig) -> int:
