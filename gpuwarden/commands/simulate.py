@@ -7,6 +7,7 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import urllib3
@@ -28,7 +29,15 @@ from gpuwarden.lab.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.nodes import GpuNodePool
 from gpuwarden.lab.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.report import table
-from gpuwarden.lab.strategies import Layout, Strategy, builtin_strategies, strategy_from_paths
+from gpuwarden.lab.strategies import (
+    KUEUE_SUFFIX,
+    Layout,
+    Strategy,
+    builtin_strategies,
+    kueue_variant,
+    offered_gpu_hours,
+    strategy_from_paths,
+)
 from gpuwarden.lab.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
 from gpuwarden.policy import PolicyError
 
@@ -97,7 +106,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--only",
         metavar="NAME,...",
         help="replay only these strategies (of no-governance, sharing-only, default-policy and "
-        "the --policies ones)",
+        "the --policies ones; NAME+kueue: that strategy with a Kueue-queued tenant per namespace, "
+        "its quota in proportion to what it asks for)",
     )
     parser.add_argument(
         "--real-time",
@@ -249,7 +259,11 @@ def _layout(args: argparse.Namespace) -> Layout:
     )
 
 
-def _strategies(args: argparse.Namespace) -> list[Strategy]:
+def _strategies(
+    args: argparse.Namespace, queued: Callable[[Strategy], Strategy] | None = None
+) -> list[Strategy]:
+    """The strategies to replay; ``queued`` makes a strategy's tenant-queue variant, which
+    ``--only`` asks for as NAME+kueue."""
     strategies = builtin_strategies(REPO_ROOT / "policies")
     for given in args.policies:
         name, sep, path = given.partition("=")
@@ -263,6 +277,12 @@ def _strategies(args: argparse.Namespace) -> list[Strategy]:
         raise InputError(f"two strategies with the same name: {', '.join(names)}")
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        bases = {s.name: s for s in strategies if s.policies is not None}
+        for name in wanted:
+            base = bases.get(name.removesuffix(KUEUE_SUFFIX))
+            if name.endswith(KUEUE_SUFFIX) and base is not None and queued is not None:
+                strategies.append(queued(base))
+                names.append(name)
         unknown = sorted(set(wanted) - set(names))
         if unknown or not wanted:
             raise InputError(f"--only: no strategy {', '.join(unknown)} (have {', '.join(names)})")
@@ -311,7 +331,13 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     if horizon <= 0 or args.real_time <= 0:
         raise InputError("--horizon and --real-time must be above 0")
     layout = _layout(args)
-    return simulate.Plan(rows, _strategies(args), layout, namespaces, horizon, args.real_time)
+    demand = offered_gpu_hours(rows, horizon)
+
+    def queued(base: Strategy) -> Strategy:
+        return kueue_variant(base, namespaces, demand, layout.physical_gpus)
+
+    strategies = _strategies(args, queued)
+    return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
 
 
 def interruptible() -> None:

@@ -66,6 +66,85 @@ _WEBHOOK_MANIFESTS = Path("config/components/webhook/manifests.yaml")
 _CONFIG_PREFIX = "gpuwarden-lab-kueue-"
 _HTTP_NOT_FOUND = 404
 _HTTP_CONFLICT = 409
+_PLURALS = {
+    "ResourceFlavor": "resourceflavors",
+    "ClusterQueue": "clusterqueues",
+    "LocalQueue": "localqueues",
+}
+#: The condition Kueue's pod integration sets on a pod it stops (ConditionTypeTerminationTarget
+#: in pkg/controller/jobs/pod/pod_controller.go) before it deletes it; on a preemption its reason
+#: is WorkloadEvictedDueToPreempted and its message Kueue's preemption message.
+TERMINATION_TARGET = "TerminationTarget"
+#: Kueue's preemption reasons (Workload condition Preempted), by the words its preemption message
+#: uses for them (HumanReadablePreemptionReasons in pkg/scheduler/preemption/preemption.go),
+#: longest first: one contains another.
+PREEMPTION_REASONS = (
+    ("reclamation within the cohort while borrowing", "InCohortReclaimWhileBorrowing"),
+    ("reclamation within the cohort", "InCohortReclamation"),
+    ("Fair Sharing within the cohort", "InCohortFairSharing"),
+    ("prioritization in the ClusterQueue", "InClusterQueue"),
+)
+
+
+#: The label Kueue puts on a Workload with its job's UID (JobUIDLabel in
+#: pkg/controller/constants): for a plain pod, the pod's.
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+
+
+def collect_workloads(api: k8s_client.ApiClient, namespace: str, uid: str) -> None:
+    """Delete the Workloads of a pod that is gone, as the garbage collector would (a pod's
+    Workload names the pod as its owner); kube-controller-manager does not run in the lab. Left
+    behind, the Workload of a pod Kueue preempted is requeued and admitted again, holding quota
+    for a pod that no longer exists."""
+    custom: Any = k8s_client.CustomObjectsApi(api)
+    group, version = KUEUE_API.split("/")
+    found = custom.list_namespaced_custom_object(
+        group, version, namespace, "workloads", label_selector=f"{JOB_UID_LABEL}={uid}"
+    )
+    for workload in found["items"]:
+        try:
+            custom.delete_namespaced_custom_object(
+                group, version, namespace, "workloads", workload["metadata"]["name"]
+            )
+        except ApiException as exc:
+            if exc.status != _HTTP_NOT_FOUND:
+                raise
+
+
+def kept_out_pod(workload: Mapping[str, Any]) -> str | None:
+    """The pod whose Workload Kueue tried to admit and found no room for (QuotaReserved False,
+    reason Pending, with Kueue's message), as the scheduler calls a pod unschedulable; None
+    for any other Workload."""
+    conditions = (workload.get("status") or {}).get("conditions") or []
+    kept_out = any(
+        c.get("type") == "QuotaReserved"
+        and c.get("status") == "False"
+        and c.get("reason") == "Pending"
+        and c.get("message")
+        for c in conditions
+    )
+    if not kept_out:
+        return None
+    for owner in (workload.get("metadata") or {}).get("ownerReferences") or []:
+        if owner.get("kind") == "Pod":
+            return str(owner.get("name"))
+    return None
+
+
+def preemption_reason(conditions: Sequence[Mapping[str, Any]]) -> str | None:
+    """Kueue's reason for preempting a pod, from the pod's conditions (wire format), or None
+    when Kueue did not preempt it."""
+    for condition in conditions:
+        if condition.get("type") != TERMINATION_TARGET or condition.get("status") != "True":
+            continue
+        if "Preempted" not in str(condition.get("reason") or ""):
+            return None
+        message = str(condition.get("message") or "")
+        for words, reason in PREEMPTION_REASONS:
+            if f"due to {words}" in message:
+                return reason
+        return "Preempted"
+    return None
 
 
 def go_binary() -> str:
@@ -261,6 +340,42 @@ class Kueue:
         if self._process is not None:
             self._process.terminate(self.plane.stop_timeout)
             self._process = None
+
+    def apply_queues(self, api: k8s_client.ApiClient, objects: Sequence[Mapping[str, Any]]) -> None:
+        """Create rendered Kueue objects (ResourceFlavors, ClusterQueues, LocalQueues) and wait
+        until Kueue reports every queue Active: its pod webhook gives a pod the ``default``
+        LocalQueue only once it has seen that queue, and would leave an earlier pod unqueued."""
+        custom: Any = k8s_client.CustomObjectsApi(api)
+        group, version = KUEUE_API.split("/")
+        queues: list[tuple[str, str | None, str]] = []
+        for obj in objects:
+            meta = obj["metadata"]
+            plural = _PLURALS[obj["kind"]]
+            if obj["kind"] == "LocalQueue":
+                custom.create_namespaced_custom_object(
+                    group, version, meta["namespace"], plural, dict(obj)
+                )
+                queues.append((plural, meta["namespace"], meta["name"]))
+            else:
+                custom.create_cluster_custom_object(group, version, plural, dict(obj))
+                if obj["kind"] == "ClusterQueue":
+                    queues.append((plural, None, meta["name"]))
+
+        def active() -> bool:
+            for plural, namespace, name in queues:
+                if namespace is None:
+                    found = custom.get_cluster_custom_object(group, version, plural, name)
+                else:
+                    found = custom.get_namespaced_custom_object(
+                        group, version, namespace, plural, name
+                    )
+                conditions = (found.get("status") or {}).get("conditions") or []
+                if not any(c["type"] == "Active" and c["status"] == "True" for c in conditions):
+                    return False
+            return True
+
+        deadline = time.monotonic() + self.startup_timeout
+        self.plane.poll(f"Kueue to report {len(queues)} queues Active", active, [], deadline)
 
     def _apply_crds(self, api: k8s_client.ApiClient, deadline: float) -> None:
         ext: Any = k8s_client.ApiextensionsV1Api(api)

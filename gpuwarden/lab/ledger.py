@@ -255,8 +255,14 @@ class Ledger:
             checkpoint=row.checkpoint if row.batch else None,
         )
 
+    def evicted(self, name: str, reason: str | None) -> None:
+        """Kueue marked the pod for deletion to preempt it, for ``reason`` (None: it did not)."""
+        record = self.records.get(name)
+        if record is not None and reason is not None and record.ended is None:
+            record.evicted_by = reason
+
     def gone(self, name: str, at: float) -> list[Action]:
-        """The pod was deleted before its work was done: the scheduler preempted it."""
+        """The pod was deleted before its work was done: the scheduler (or Kueue) preempted it."""
         record = self.records.get(name)
         if record is None or record.ended is not None:
             return []
@@ -269,8 +275,10 @@ class Ledger:
         else:
             self._stop(state, name, at)
             if state.row.batch:
-                state.outcome.lost_seconds += state.outcome.progress - state.kept
+                lost = state.outcome.progress - state.kept
+                state.outcome.lost_seconds += lost
                 state.outcome.progress = state.kept
+                record.lost = state.row.gpus * lost
         state.pod = None
         backoff = BATCH_BACKOFF if state.row.batch else SERVICE_BACKOFF
         self._at(at + backoff, "again", state.row.row)

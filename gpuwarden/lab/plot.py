@@ -1,5 +1,7 @@
 """The PNG of `gpuwarden simulate --plot`: GPUs allocated and busy over time per strategy, the
-backlog of pending GPUs over time, and wait percentiles per tenant. matplotlib is optional (``pip install 'gpuwarden[lab]'``)."""
+backlog of pending GPUs over time, wait percentiles per tenant, and for each strategy with tenant
+queues each tenant's share of the GPUs over time against its entitled share. matplotlib is
+optional (``pip install 'gpuwarden[lab]'``)."""
 
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ def write_png(reports: Sequence[StrategyReport], path: Path) -> None:
             "the plot needs matplotlib: pip install 'gpuwarden[lab]'"
         ) from exc
     namespaces = sorted({ns for r in reports for ns in r.waits})
-    figure, (timeline, backlog, waits) = plt.subplots(
-        3, 1, figsize=(12, 12), constrained_layout=True
+    queued = [r for r in reports if r.queues]
+    figure, axes = plt.subplots(
+        3 + len(queued), 1, figsize=(12, 12 + 4 * len(queued)), constrained_layout=True
     )
+    timeline, backlog, waits = axes[:3]
     for report in reports:
         hours = [i * report.bucket / 3600 for i in range(len(report.allocation))]
         (line,) = timeline.plot(
@@ -74,6 +78,32 @@ def write_png(reports: Sequence[StrategyReport], path: Path) -> None:
     waits.set_ylabel("wait to be placed (simulated minutes)")
     waits.set_title("Waits per tenant: p50 (solid), p95, p99 (lighter)")
     waits.legend(loc="upper right", fontsize="small", ncols=3)
+    for report, shares in zip(queued, axes[3:], strict=True):
+        for index, (tenant, queue) in enumerate(report.queues.items()):
+            received = [100 * share for share in queue["receivedShare"]]
+            hours = [i * report.bucket / 3600 for i in range(len(received))]
+            shares.plot(
+                hours,
+                received,
+                color=f"C{index}",
+                label=f"{tenant} received (avg {queue['receivedShareAverage']:.0%}, "
+                f"{queue['borrowedGpuHours']:,.0f} GPU-h borrowed, "
+                f"{queue['lostToReclaimGpuHours']:,.0f} lost to reclaim)",
+            )
+            shares.axhline(
+                100 * queue["entitledShare"],
+                color=f"C{index}",
+                linestyle="--",
+                label=f"{tenant} entitled ({queue['entitledShare']:.0%})",
+            )
+        shares.set_xlabel("simulated hour")
+        shares.set_ylabel("share of the GPUs (%)")
+        shares.set_ylim(0, 105)
+        shares.set_title(
+            f"{report.strategy}: each tenant's share of the GPUs held (solid) against its "
+            "nominal quota (dashed)"
+        )
+        shares.legend(loc="upper right", fontsize="small", ncols=2)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     plt.close(figure)

@@ -7,10 +7,18 @@ decision the webhook would return, byte for byte) and it is created through the 
 watch reports to the ledger when the scheduler bound each pod and which pods it deleted to
 preempt them; when the work model says a pod's work is done, the replay marks it so and KWOK
 turns it Succeeded, which frees its GPUs for the scheduler.
+
+A strategy with tenant queues (:attr:`Strategy.kueue`) also runs Kueue on its lab
+(:mod:`gpuwarden.lab.kueue`) with the objects ``gpuwarden render --kueue`` writes for it: Kueue
+gates every pod until it admits it, and may preempt one to give a tenant its quota back (the pod
+is deleted with Kueue's reason on it; its controller recreates it as after any preemption). The
+replay deletes a deleted pod's Workload, the garbage collector's part (no
+kube-controller-manager runs in the lab).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -26,16 +34,24 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.controlplane import Tools
+from gpuwarden.lab.kueue import (
+    Kueue,
+    collect_workloads,
+    kept_out_pod,
+    preemption_reason,
+    running_kueue,
+)
 from gpuwarden.lab.ledger import Action, Complete, Create, Ledger, Withdraw
 from gpuwarden.lab.nodes import GPU_RESOURCE, SHARED_GPU_RESOURCE
 from gpuwarden.lab.report import PodRecord, RowOutcome
 from gpuwarden.lab.stages import WORK_DONE
-from gpuwarden.lab.strategies import Layout, Strategy
+from gpuwarden.lab.strategies import Layout, Strategy, queue_objects
 from gpuwarden.lab.trace import TraceRow
 from gpuwarden.lab.work import NodeGpus, WorkModel
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 from gpuwarden.policy.keys import ENV_MPS_THREAD_PERCENTAGE
+from gpuwarden.policy.kueue import KUEUE_API
 from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
 from gpuwarden.policy.mutate import admitted_gpu_memory
 from gpuwarden.policy.quantity import parse_quantity
@@ -45,6 +61,9 @@ from gpuwarden.policy.render import render
 ROW_LABEL = "lab.gpuwarden.io/trace-row"
 _WATCH_SECONDS = 30
 _HTTP_NOT_FOUND = 404
+#: PodScheduled's reason for a pod behind a scheduling gate (Kueue's, until it admits the pod):
+#: waiting, not found unschedulable.
+_GATED = "SchedulingGated"
 
 
 class Stopped(Exception):
@@ -189,12 +208,16 @@ class Replay:
             lab = SchedulingLab(plane, self.tools)
             lab.start()
             try:
-                api = plane.api_client()
-                try:
-                    self._prepare(lab, api)
-                    self._replay(api)
-                finally:
-                    api.close()  # type: ignore[no-untyped-call]
+                with contextlib.ExitStack() as queues:
+                    kueue = None
+                    if self.strategy.kueue:
+                        kueue = queues.enter_context(running_kueue(plane, self.tools))
+                    api = plane.api_client()
+                    try:
+                        self._prepare(lab, api, kueue)
+                        self._replay(api)
+                    finally:
+                        api.close()  # type: ignore[no-untyped-call]
             finally:
                 lab.stop()
         with self._lock:
@@ -202,12 +225,14 @@ class Replay:
 
     # -- setup --------------------------------------------------------------------------------
 
-    def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient) -> None:
+    def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient, kueue: Kueue | None) -> None:
         scheduling: Any = k8s_client.SchedulingV1Api(api)
         for manifest in self._classes:
             scheduling.create_priority_class(manifest)
         for namespace, labels in self.namespaces.items():
             ensure_namespaces(api, [namespace], labels)
+        if kueue is not None:
+            kueue.apply_queues(api, queue_objects(self.strategy))
         lab.add_pools(api, self.pools)
 
     def _cluster_view(self) -> ClusterView:
@@ -225,6 +250,8 @@ class Replay:
         self.progress.started = True
         watcher = threading.Thread(target=self._watch, args=(api,), daemon=True)
         watcher.start()
+        if self.strategy.kueue:
+            threading.Thread(target=self._watch_workloads, args=(api,), daemon=True).start()
         core: Any = k8s_client.CoreV1Api(api)
         try:
             while True:
@@ -322,14 +349,64 @@ class Replay:
             if name not in self.ledger.records:
                 return
             conditions = (pod.status.conditions if pod.status else None) or []
-            if any(c.type == "PodScheduled" and c.status == "False" for c in conditions):
+            if any(
+                c.type == "PodScheduled" and c.status == "False" and c.reason != _GATED
+                for c in conditions
+            ):
                 self.ledger.unschedulable(name)
             if pod.spec.node_name:
                 self.ledger.bound(name, now, pod.spec.node_name)
+            if self.strategy.kueue:
+                reason = preemption_reason(
+                    [
+                        {
+                            "type": c.type,
+                            "status": c.status,
+                            "reason": c.reason,
+                            "message": c.message,
+                        }
+                        for c in conditions
+                    ]
+                )
+                self.ledger.evicted(name, reason)
             if event_type == "DELETED":
-                # Only the scheduler deletes pods the ledger has not ended: a preemption.
+                # Only the scheduler, or Kueue, deletes pods the ledger has not ended: a
+                # preemption.
                 self.ledger.gone(name, now)
             self._changed.notify_all()
+
+    def _watch_workloads(self, api: k8s_client.ApiClient) -> None:
+        """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in
+        at its first try, as one the scheduler called unschedulable."""
+        custom: Any = k8s_client.CustomObjectsApi(api)
+        group, version = KUEUE_API.split("/")
+
+        def kept_out(workload: Mapping[str, Any]) -> None:
+            name = kept_out_pod(workload)
+            if name is not None:
+                with self._lock:
+                    self.ledger.unschedulable(name)
+
+        while self._watching and not self.stop.is_set():
+            try:
+                listed = custom.list_cluster_custom_object(group, version, "workloads")
+                for item in listed["items"]:
+                    kept_out(item)
+                stream: Callable[..., Any] = k8s_watch.Watch().stream  # type: ignore[no-untyped-call]
+                for event in stream(
+                    custom.list_cluster_custom_object,
+                    group,
+                    version,
+                    "workloads",
+                    resource_version=listed["metadata"]["resourceVersion"],
+                    timeout_seconds=_WATCH_SECONDS,
+                ):
+                    kept_out(event["object"])
+                    if not self._watching or self.stop.is_set():
+                        break
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+                if self.stop.wait(0.2):
+                    return
 
     def _watch(self, api: k8s_client.ApiClient) -> None:
         core: Any = k8s_client.CoreV1Api(api)
@@ -346,6 +423,9 @@ class Replay:
                     timeout_seconds=_WATCH_SECONDS,
                 ):
                     self._observe(str(event["type"]), event["object"])
+                    if event["type"] == "DELETED" and self.strategy.kueue:
+                        meta = event["object"].metadata
+                        collect_workloads(api, meta.namespace, meta.uid)
                     if not self._watching or self.stop.is_set():
                         break
             except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):

@@ -6,7 +6,10 @@
   set aside (a whole GPU's memory per whole GPU, a 1/replicas share per slice), time-weighted;
 * **wait**: from creation to binding, per tenant namespace, for pods that were placed;
 * **preempted**: pods deleted by the scheduler to make room; **never placed**: still unbound
-  when the replay ended; **refused**: denied by gpuwarden's admission.
+  when the replay ended; **refused**: denied by gpuwarden's admission;
+* **tenant queues** (strategies with Kueue): per tenant its entitled share (nominal quota over
+  the cluster's GPUs), the share of the GPUs it held over time, the GPU-hours it held above its
+  quota as Kueue counts it (borrowed) and the work lost when Kueue took GPUs back (reclaim).
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class PodRecord:
     refused: str | None = None
     first_try: bool = True  # bound without the scheduler ever calling it unschedulable
     attempt: int = 1
+    evicted_by: str | None = None  # Kueue's preemption reason, when Kueue preempted it
+    lost: float = 0.0  # GPU-seconds of full-speed work lost when it was preempted
 
 
 @dataclass
@@ -116,6 +121,13 @@ def trace_load(
     return TraceLoad(offered / 3600, physical_gpus * horizon / 3600, peak, physical_gpus)
 
 
+#: Kueue's preemption reasons that take back GPUs a tenant borrowed: reclaiming a lender's
+#: quota, and fair sharing among borrowers (InClusterQueue is priority within one tenant).
+RECLAIM_REASONS = frozenset(
+    {"InCohortReclamation", "InCohortReclaimWhileBorrowing", "InCohortFairSharing"}
+)
+
+
 @dataclass(frozen=True)
 class StrategyReport:
     strategy: str
@@ -145,6 +157,7 @@ class StrategyReport:
     pods: int
     notes: tuple[str, ...] = field(default_factory=tuple)
     refusals: tuple[str, ...] = field(default_factory=tuple)
+    queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # tenant -> figures
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -173,6 +186,7 @@ class StrategyReport:
             "refusals": list(self.refusals),
             "tenants": {ns: dict(values) for ns, values in self.tenants.items()},
             "kinds": {kind: dict(values) for kind, values in self.kinds.items()},
+            "tenantQueues": {tenant: dict(values) for tenant, values in self.queues.items()},
             "pods": self.pods,
             "notes": list(self.notes),
         }
@@ -215,6 +229,96 @@ def _hours(seconds: float) -> float:
     return seconds / 3600
 
 
+def held(
+    records: Iterable[PodRecord], horizon: float, size: Callable[[PodRecord], float]
+) -> list[tuple[float, float]]:
+    """The step function of what the pods held while bound (to the horizon), each ``size``."""
+    events: list[tuple[float, float]] = []
+    for record in records:
+        amount = size(record)
+        if record.bound is None or record.bound >= horizon or not amount:
+            continue
+        end = min(record.ended if record.ended is not None else horizon, horizon)
+        events += [(record.bound, amount), (end, -amount)]
+    steps = [(0.0, 0.0)]
+    level = 0.0
+    for at, change in sorted(events):
+        level += change
+        steps.append((at, level))
+    return steps
+
+
+def _gpus(record: PodRecord) -> float:
+    return record.gpus
+
+
+def _whole(record: PodRecord) -> float:
+    return float(record.whole)
+
+
+def _slices(record: PodRecord) -> float:
+    return float(record.slices)
+
+
+def borrowed(records: Sequence[PodRecord], quota: int, horizon: float) -> list[tuple[float, float]]:
+    """The step function of physical GPUs a tenant held above its quota as Kueue counts it:
+    whole GPUs and MPS slices each against ``quota`` (``gpuwarden render --kueue`` gives both
+    resources the tenant's quota.gpus), a slice counting as its share of a GPU."""
+    sizes = [(r.gpus - r.whole) / r.slices for r in records if r.slices]
+    slice_gpu = sizes[0] if sizes else 0.0
+    whole, slices = held(records, horizon, _whole), held(records, horizon, _slices)
+    times = sorted({at for at, _ in whole} | {at for at, _ in slices})
+    out: list[tuple[float, float]] = []
+    w = s = 0
+    for at in times:
+        while w + 1 < len(whole) and whole[w + 1][0] <= at:
+            w += 1
+        while s + 1 < len(slices) and slices[s + 1][0] <= at:
+            s += 1
+        over = max(0.0, whole[w][1] - quota) + max(0.0, slices[s][1] - quota) * slice_gpu
+        out.append((at, over))
+    return out
+
+
+def tenant_queues(
+    records: Iterable[PodRecord],
+    quotas: Mapping[str, int],
+    *,
+    physical_gpus: int,
+    horizon: float,
+    bucket: float,
+) -> dict[str, dict[str, Any]]:
+    """Per queued tenant (namespace): its nominal quota and entitled share of the GPUs, the
+    share it held per bucket and on average, the GPU-hours it held, held above its quota
+    (borrowed, as Kueue counts it) and lost when Kueue took borrowed GPUs back (reclaim), and
+    Kueue's preemptions of its pods by reason."""
+    pods = list(records)
+    capacity = max(physical_gpus, 1)
+    whole = max(horizon, 1e-9)
+    out: dict[str, dict[str, Any]] = {}
+    for namespace, quota in sorted(quotas.items()):
+        mine = [r for r in pods if r.namespace == namespace]
+        gpus = held(mine, horizon, _gpus)
+        above = borrowed(mine, quota, horizon)
+        reclaimed = [r for r in mine if r.evicted_by in RECLAIM_REASONS]
+        reasons: dict[str, int] = {}
+        for record in mine:
+            if record.evicted_by is not None:
+                reasons[record.evicted_by] = reasons.get(record.evicted_by, 0) + 1
+        out[namespace] = {
+            "nominalGpus": quota,
+            "entitledShare": quota / capacity,
+            "receivedShare": [g / capacity for g in step_average(gpus, horizon, bucket)],
+            "receivedShareAverage": step_average(gpus, horizon, whole)[0] / capacity,
+            "receivedGpuHours": _hours(step_average(gpus, horizon, whole)[0] * horizon),
+            "borrowedGpuHours": _hours(step_average(above, horizon, whole)[0] * horizon),
+            "reclaimedPods": len(reclaimed),
+            "lostToReclaimGpuHours": _hours(sum(r.lost for r in reclaimed)),
+            "kueuePreemptions": dict(sorted(reasons.items())),
+        }
+    return out
+
+
 def _by(outcomes: Sequence[RowOutcome], key: str) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {}
     for o in outcomes:
@@ -236,6 +340,7 @@ def summarize(
     pending: Sequence[tuple[float, float]] = ((0.0, 0.0),),
     bucket: float = 3600.0,
     notes: Sequence[str] = (),
+    quotas: Mapping[str, int] | None = None,
 ) -> StrategyReport:
     """A strategy's figures from its pods, its rows' outcomes and the step functions of GPUs
     allocated, GPUs busy and GPUs pending (simulated seconds)."""
@@ -290,6 +395,13 @@ def summarize(
         pods=len(pods),
         notes=tuple(notes),
         refusals=tuple(refusals),
+        queues=(
+            {}
+            if quotas is None
+            else tenant_queues(
+                pods, quotas, physical_gpus=physical_gpus, horizon=horizon, bucket=bucket
+            )
+        ),
     )
 
 
@@ -356,6 +468,16 @@ def _delivered_cell(report: StrategyReport, namespace: str) -> str:
     return f"{delivered:,.0f}{share}"
 
 
+def _queue_cell(report: StrategyReport, namespace: str) -> str:
+    queue = report.queues.get(namespace)
+    if queue is None:
+        return "-"
+    return (
+        f"{queue['entitledShare']:.0%}/{queue['receivedShareAverage']:.0%} "
+        f"{queue['borrowedGpuHours']:,.0f}/{queue['lostToReclaimGpuHours']:,.0f}"
+    )
+
+
 def _grid(
     reports: Sequence[StrategyReport],
     columns: Sequence[str],
@@ -401,6 +523,12 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     lines.append("")
     lines.append("GPU work delivered per tenant, GPU-hours (share of what it asked):")
     lines += _grid(reports, namespaces, _delivered_cell)
+    queued = [r for r in reports if r.queues]
+    if queued:
+        lines.append("")
+        lines.append("tenant queues (Kueue): entitled/received share of the GPUs, GPU-hours")
+        lines.append("borrowed (held above its quota)/lost to reclaim:")
+        lines += _grid(queued, namespaces, _queue_cell)
     lines.append("")
     for r in reports:
         lines.append(

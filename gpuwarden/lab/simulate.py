@@ -128,6 +128,7 @@ def report(replay: Replay, plan: Plan, layout_notes: Sequence[str] = ()) -> Stra
         busy=[(s.at, s.busy) for s in samples],
         pending=replay.ledger.backlog,
         notes=(*replay.strategy.notes, *layout_notes),
+        quotas=replay.strategy.queues,
     )
 
 

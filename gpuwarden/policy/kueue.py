@@ -70,6 +70,7 @@ from gpuwarden.policy.model import (
     Tenant,
     VolcanoBackend,
     VolcanoQueueSpec,
+    WorkloadRule,
     quantity_value,
 )
 from gpuwarden.policy.policyset import PolicySet
@@ -445,3 +446,85 @@ def local_queue(
         "metadata": metadata,
         "spec": {"clusterQueue": cluster_queue_name},
     }
+
+
+# --- what Kueue charges a job and what its pods ask ----------------------------------------
+
+
+@dataclass(frozen=True)
+class TemplateRewrite:
+    """Why pods given a profile ask for other GPUs than their job's pod template, which Kueue
+    charged when it admitted the job."""
+
+    why: str  # what in the policy rewrites the request
+    asked: str  # what each pod asks for instead, in words
+
+
+def template_rewrite(profile: ResolvedProfile, plan: BackendPlan | None) -> TemplateRewrite | None:
+    """How a pod given ``profile`` (with its backend plan; None when it gives no GPU) asks for
+    other GPUs than its template did, or None when it keeps the template's request: a profile
+    that sets no ``gpus`` keeps each container's count, and ``nvidia.com/gpu`` keeps its name."""
+    set_by = profile.gpus_set_by or f"profile {profile.name}"
+    if plan is None:
+        return TemplateRewrite(f"{set_by} sets gpus: 0", "no GPU")
+    counted = sorted(set(plan.resources) & GPU_COUNT_RESOURCES) or [WHOLE_GPU_RESOURCE]
+    resource = " and ".join(counted)
+    if profile.gpus_set_by is not None:
+        return TemplateRewrite(f"{set_by} sets gpus: {profile.gpus}", f"{profile.gpus} {resource}")
+    if counted != [WHOLE_GPU_RESOURCE]:
+        return TemplateRewrite(
+            f"profile {profile.name} asks for GPUs as {resource}",
+            f"the template's count as {resource}",
+        )
+    return None
+
+
+def _template_charge_error(
+    rule: WorkloadRule, profile: ResolvedProfile, plan: BackendPlan | None
+) -> str | None:
+    kind = rule.match.kind
+    jobs = TEMPLATE_ADMITTED_KINDS[kind]
+    charged = (
+        f"Kueue admits {jobs} from the job's pod templates and charges the {WHOLE_GPU_RESOURCE} "
+        "they ask for"
+    )
+    rewrite = template_rewrite(profile, plan)
+    if rewrite is not None:
+        return (
+            f"rule {rule.name} gives {kind} pods profile {profile.name}, and {rewrite.why}: "
+            f"{charged}, but each pod asks for {rewrite.asked}; give these pods a whole-GPU "
+            "profile that sets no gpus (gpuwarden then keeps the template's request)"
+        )
+    wants_gpu = rule.require_gpu_request or rule.max_gpu_request is not None
+    if plan is not None and not wants_gpu:
+        return (
+            f"rule {rule.name} gives {kind} pods profile {profile.name} whether or not they ask "
+            f"for a GPU: {charged}, nothing for a replica whose template asks for none, but "
+            f"that replica's pod asks for {profile.gpus} {WHOLE_GPU_RESOURCE}; set "
+            "requireGpuRequest: true on the rule"
+        )
+    return None
+
+
+def template_charge_errors(policies: PolicySet, tenants: Iterable[Tenant]) -> list[str]:
+    """For the tenants whose pods Kueue queues: each rule for the kinds Kueue admits from a job's
+    pod templates (:data:`TEMPLATE_ADMITTED_KINDS`) whose profile makes the pods ask for other
+    GPUs than the templates, which is what Kueue charged. Tenants with the same problem share a
+    line."""
+    found: dict[str, list[str]] = {}
+    for tenant in tenants:
+        allowed = tenant.limits.allowed_profiles
+        for rule, _ in policies.rules:
+            if rule.match.kind not in TEMPLATE_ADMITTED_KINDS or rule.skip or not rule.profile:
+                continue
+            if allowed is not None and rule.profile not in allowed:
+                continue  # such pods are denied (lint warns about the rule)
+            profile = policies.resolve(rule.profile, tenant)
+            plan = plan_for(profile, queue=tenant.queue) if profile.gpus > 0 else None
+            text = _template_charge_error(rule, profile, plan)
+            if text is not None:
+                found.setdefault(text, []).append(tenant.name)
+    return [
+        f"{'tenant' if len(names) == 1 else 'tenants'} {', '.join(names)}: {text}"
+        for text, names in found.items()
+    ]

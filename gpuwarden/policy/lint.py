@@ -4,6 +4,7 @@ that can never apply (errors; the loader's errors come first)."""
 from __future__ import annotations
 
 from gpuwarden.policy.backends import selects_shared_gpus
+from gpuwarden.policy.kueue import template_charge_errors
 from gpuwarden.policy.model import (
     Backend,
     HamiBackend,
@@ -12,10 +13,13 @@ from gpuwarden.policy.model import (
     NativeBackend,
     NvidiaBackend,
     Profile,
+    Tenant,
     VolcanoBackend,
 )
 from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.precedence import shadowed_rules, tenant_problems
+from gpuwarden.policy.resolved import ResolvedProfile
+from gpuwarden.policy.selectors import selector_matches
 from gpuwarden.policy.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
 
 # The device plugin setting that advertises scaling x each GPU's memory, per backend: the only
@@ -76,9 +80,38 @@ def lint_warnings(policies: PolicySet) -> list[str]:
                     "which the tenant may not use: such pods will be denied"
                 )
     warnings += _memory_scaling_conflicts(policies)
+    warnings += _untenanted_namespaces(policies)
     warnings += _katib_injection_warnings(policies)
     warnings += _kueue_queue_warnings(policies)
     return warnings
+
+
+# The label the Kubeflow profile controller puts on every profile namespace, which the chart's
+# webhooks select by default (charts/gpuwarden/values.yaml, webhook.namespaceSelector).
+KUBEFLOW_PROFILE_LABEL = ("app.kubernetes.io/part-of", "kubeflow-profile")
+
+
+def _untenanted_namespaces(policies: PolicySet) -> list[str]:
+    """Governed namespaces no tenant claims get only the isolation checks: say so when the
+    policies leave a new Kubeflow profile namespace without a tenant."""
+    key, value = KUBEFLOW_PROFILE_LABEL
+    profile_namespace = {key: value}
+    if any(
+        tenant.namespace_selector is not None
+        and selector_matches(tenant.namespace_selector, profile_namespace)
+        for tenant in policies.tenants
+    ):
+        return []
+    who = (
+        "no tenant is defined"
+        if not policies.tenants
+        else "every tenant lists its namespaces by name"
+    )
+    return [
+        f"{who}: a Kubeflow profile namespace the webhook governs ({key}={value}) that no "
+        "tenant names gets only the isolation checks, no limits, quota or overrides; add a "
+        f"tenant with namespaceSelector matchLabels {{{key}: {value}}} to catch new profiles"
+    ]
 
 
 def lint_errors(policies: PolicySet) -> list[str]:
@@ -99,6 +132,8 @@ def lint_errors(policies: PolicySet) -> list[str]:
                 "use that tenant's overrides"
             )
         errors.append(line)
+    # What Kueue charges a job must be what its pods ask (gpuwarden/policy/kueue.py).
+    errors += template_charge_errors(policies, [tenant for tenant, _ in kueue_tenants(policies)])
     return errors
 
 
@@ -242,18 +277,29 @@ def _reads_gpu_types(backend: Backend, shared: bool) -> bool:
     return False
 
 
-def _kueue_queue_warnings(policies: PolicySet) -> list[str]:
-    """A queueSpec that no Volcano profile reads is a Kueue ClusterQueue (`gpuwarden render
-    --kueue`, gpuwarden/policy/kueue.py): say which of the article's Queue fields Kueue cannot
-    mean. Kueue counts devices against quotas; it has no overcommit and no deserved share."""
-    warnings: list[str] = []
+def kueue_tenants(policies: PolicySet) -> list[tuple[Tenant, list[ResolvedProfile]]]:
+    """The tenants whose queueSpec no Volcano profile reads, so a Kueue ClusterQueue (`gpuwarden
+    render --kueue`, gpuwarden/policy/kueue.py), each with the profiles it may get."""
+    out: list[tuple[Tenant, list[ResolvedProfile]]] = []
     for tenant in policies.tenants:
-        spec = tenant.queue_spec
         allowed = tenant.limits.allowed_profiles
         names = [n for n in policies.profiles if allowed is None or n in allowed]
         profiles = [policies.resolve(name, tenant) for name in names]
-        if spec is None or any(isinstance(p.backend, VolcanoBackend) for p in profiles):
+        if tenant.queue_spec is None or any(
+            isinstance(p.backend, VolcanoBackend) for p in profiles
+        ):
             continue
+        out.append((tenant, profiles))
+    return out
+
+
+def _kueue_queue_warnings(policies: PolicySet) -> list[str]:
+    """Say which of the article's Queue fields a Kueue ClusterQueue cannot mean. Kueue counts
+    devices against quotas; it has no overcommit and no deserved share."""
+    warnings: list[str] = []
+    for tenant, profiles in kueue_tenants(policies):
+        spec = tenant.queue_spec
+        assert spec is not None
         where = f"tenant {tenant.name}: queueSpec is a Kueue ClusterQueue (render --kueue)"
         over = [f"{p.name} {p.overcommit_ratio:g}" for p in profiles if p.overcommit_ratio > 1]
         if over:

@@ -503,6 +503,8 @@ def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
         for note in queue.notes:
             out.note(note)
         queues.append(queue)
+    # What Kueue charges a job's template must be what its pods ask after gpuwarden.
+    out.errors += kueue.template_charge_errors(policies, [q.tenant for q in queues])
     if not queues:
         return []
     reclaim, warnings = kueue.reclaim_within_cohort(queues)

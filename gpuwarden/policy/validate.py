@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy import keys
+from gpuwarden.policy import keys, kueue
 from gpuwarden.policy.backends import VOLCANO_PREEMPTABLE_ANNOTATION
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.model import HamiBackend, Tenant, VolcanoBackend
 from gpuwarden.policy.mutate import (
     admitted_gpu_memory,
@@ -44,6 +44,7 @@ from gpuwarden.policy.resources import (
     annotations_of,
     containers,
     is_gpu_resource,
+    labels_of,
     requests_gpu,
     spec_of,
 )
@@ -895,6 +896,22 @@ def violations(
     return placement, found
 
 
+def kueue_template_warnings(request: AdmissionRequest, placement: Placement) -> tuple[str, ...]:
+    """A new pod of a job Kueue admitted whole (Kueue's podset label, which it puts on the job's
+    pod templates when it admits the job): Kueue charged what the template asks, and a profile
+    that decides the GPU request itself makes the pod ask for something else (kueue.py). The
+    final pod no longer shows what the template asked, so the warning names what the profile
+    does to it."""
+    if request.operation != "CREATE" or request.sub_resource or not placement.governed:
+        return ()
+    if kueue.PODSET_LABEL not in labels_of(request.pod) or placement.profile is None:
+        return ()
+    rewrite = kueue.template_rewrite(placement.profile, plan(placement))
+    if rewrite is None:
+        return ()
+    return (warning(f"gpuwarden: Kueue charged the job's template, but {rewrite.why}"),)
+
+
 def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
     pod = request.pod
     if request.operation not in ("CREATE", "UPDATE") or not isinstance(pod.get("spec"), Mapping):
@@ -904,7 +921,7 @@ def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
     if request.sub_resource not in ("", "ephemeralcontainers", "resize"):
         return Decision()
     placement, found = violations(request, policies, cluster)
-    base = context_of(placement)
+    base = context_of(placement, warnings=kueue_template_warnings(request, placement))
     if not found:
         return base
     first = found[0]

@@ -59,7 +59,8 @@ def test_lint_reports_risky_settings_and_strict_fails_on_them(
         "are capped at maxMemory 8Gi"
     ) in err
     assert "warning: profile b: the native backend cannot share GPUs" in err
-    assert out.strip().endswith("2 warnings")
+    assert "warning: no tenant is defined: a Kubeflow profile namespace" in err
+    assert out.strip().endswith("3 warnings")
     assert run(capsys, "lint", "--strict", str(path))[0] == 1
 
 
