@@ -324,6 +324,8 @@ def queue_objects(strategy: Strategy) -> list[dict[str, Any]]:
         strategy.policies,
         RenderOptions(priority_classes=False, quotas=False, queues=False, kueue=True),
     )
+    # rendering.errors (a job template charged differently from its pods) is not read: the
+    # replay's pods are plain pods, which Kueue charges as gpuwarden left them.
     mine = f"{TENANT_QUEUES_POLICY}/"
     return [
         obj

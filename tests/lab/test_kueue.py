@@ -61,9 +61,9 @@ metadata: {{name: kueue-{suffix}}}
 spec:
   backend: {{type: nvidia}}
   profiles:
-    - {{name: kueue-training, gpuShare: false, gpus: 1, maxMemory: 80Gi, priority: 200}}
+    - {{name: kueue-training, gpuShare: false, maxMemory: 80Gi, priority: 200}}
   workloads:
-    - {{name: training, match: {{kind: training-job}}, profile: kueue-training}}
+    - {{name: training, match: {{kind: training-job}}, profile: kueue-training, requireGpuRequest: true}}
   tenants:
 {tenants}
 """
