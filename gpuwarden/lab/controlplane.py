@@ -571,8 +571,29 @@ class ControlPlane:
             time.sleep(_POLL_INTERVAL)
 
     def _write_kubeconfig(self, certs: dict[str, Path]) -> None:
-        def b64(path: Path) -> str:
-            return base64.b64encode(path.read_bytes()).decode()
+        self._write_user_kubeconfig(
+            self.kubeconfig_path, "admin", certs["admin.crt"].read_bytes(),
+            certs["admin.key"].read_bytes(),
+        )  # fmt: skip
+
+    def write_kubeconfig_for(
+        self, path: Path, user: str, *, organizations: Sequence[str] = ()
+    ) -> Path:
+        """A kubeconfig authenticating as ``user`` with a client certificate from this plane's
+        client CA (x509: the CN is the user, each O a group); RBAC decides what it may do."""
+        pki = self.workdir / "pki"
+        pair = issue_client(
+            KeyPair.read(pki / "client-ca.crt", pki / "client-ca.key"),
+            common_name=user,
+            organizations=list(organizations),
+            valid_for=timedelta(days=1),
+        )
+        self._write_user_kubeconfig(path, user, pair.cert_pem, pair.key_pem)
+        return path
+
+    def _write_user_kubeconfig(self, path: Path, user: str, cert: bytes, key: bytes) -> None:
+        def b64(data: bytes) -> str:
+            return base64.b64encode(data).decode()
 
         config = {
             "apiVersion": "v1",
@@ -582,27 +603,21 @@ class ControlPlane:
                     "name": "gpuwarden-e2e",
                     "cluster": {
                         "server": self.server_url,
-                        "certificate-authority-data": b64(certs["ca.crt"]),
+                        "certificate-authority-data": b64(self.ca.cert_pem),
                     },
                 }
             ],
             "users": [
                 {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate-data": b64(certs["admin.crt"]),
-                        "client-key-data": b64(certs["admin.key"]),
-                    },
+                    "name": user,
+                    "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)},
                 }
             ],
             "contexts": [
-                {
-                    "name": "gpuwarden-e2e",
-                    "context": {"cluster": "gpuwarden-e2e", "user": "admin"},
-                }
+                {"name": "gpuwarden-e2e", "context": {"cluster": "gpuwarden-e2e", "user": user}}
             ],
             "current-context": "gpuwarden-e2e",
         }
-        fd = os.open(self.kubeconfig_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             yaml.safe_dump(config, handle, sort_keys=False)

@@ -9,9 +9,7 @@ the webhook mutates.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import datetime
 import json
 import urllib.error
 import urllib.request
@@ -21,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.certs.authority import KeyPair, issue_client
 from gpuwarden.policy import keys
 from gpuwarden.policy.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
 
@@ -69,45 +65,7 @@ def _custom(api: k8s_client.ApiClient) -> Any:
 
 def _kubeconfig_for(plane: ControlPlane, user: str, path: Path) -> Path:
     """A kubeconfig authenticating as ``user`` (a client certificate: CN is the user)."""
-    pki = plane.workdir / "pki"
-    pair = issue_client(
-        KeyPair.read(pki / "client-ca.crt", pki / "client-ca.key"),
-        common_name=user,
-        valid_for=datetime.timedelta(days=1),
-    )
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "e2e",
-                        "cluster": {
-                            "server": plane.server_url,
-                            "certificate-authority-data": b64(plane.ca.cert_pem),
-                        },
-                    }
-                ],
-                "users": [
-                    {
-                        "name": user,
-                        "user": {
-                            "client-certificate-data": b64(pair.cert_pem),
-                            "client-key-data": b64(pair.key_pem),
-                        },
-                    }
-                ],
-                "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
-                "current-context": "e2e",
-            }
-        )
-    )
-    return path
+    return plane.write_kubeconfig_for(path, user)
 
 
 @contextlib.contextmanager

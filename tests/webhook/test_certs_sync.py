@@ -29,7 +29,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden import cli
-from gpuwarden.certs.authority import KeyPair, issue_client, issue_serving, new_ca
+from gpuwarden.certs.authority import KeyPair, issue_serving, new_ca
 from gpuwarden.certs.material import KEYS, plan_material, serving_names
 from gpuwarden.certs.rotation import ServingNames, ensure_directory, load_bundle, names_of
 from gpuwarden.cli import build_parser
@@ -89,44 +89,11 @@ def _render(helm: Path, release: str, namespace: str) -> list[dict[str, Any]]:
 
 def _sa_kubeconfig(plane: ControlPlane, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig authenticating as the ServiceAccount (x509: CN is the user, O the groups)."""
-    pki = plane.workdir / "pki"
-    client_ca = KeyPair.read(pki / "client-ca.crt", pki / "client-ca.key")
-    pair = issue_client(
-        client_ca,
-        common_name=f"system:serviceaccount:{namespace}:{account}",
+    return plane.write_kubeconfig_for(
+        path,
+        f"system:serviceaccount:{namespace}:{account}",
         organizations=["system:serviceaccounts", f"system:serviceaccounts:{namespace}"],
-        valid_for=DAY,
     )
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "e2e",
-                "cluster": {
-                    "server": plane.server_url,
-                    "certificate-authority-data": b64(plane.ca.cert_pem),
-                },
-            }
-        ],
-        "users": [
-            {
-                "name": account,
-                "user": {
-                    "client-certificate-data": b64(pair.cert_pem),
-                    "client-key-data": b64(pair.key_pem),
-                },
-            }
-        ],
-        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": account}}],
-        "current-context": "e2e",
-    }
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 def _never_called(config: dict[str, Any]) -> dict[str, Any]:
