@@ -149,11 +149,11 @@ def test_hami_quota_keys_are_rendered_for_hamis_scheduler_and_not_flagged() -> N
     rendering = render(hami)
     (quota,) = rendering.of_kind("ResourceQuota")
     # HAMi's QuotaManager charges limits.<memory|cores resource> per device; the API server
-    # charges the requests.* keys.
+    # charges the requests.* keys: 3 GPUs of HAMi's default 10 slices each, 100 cores each.
     assert quota["spec"]["hard"] == {
         "requests.nvidia.com/gpumem": str(32 * 1024),
         "limits.nvidia.com/gpumem": str(32 * 1024),
-        "requests.nvidia.com/gpu": "3",
+        "requests.nvidia.com/gpu": "30",
         "limits.nvidia.com/gpucores": "300",
     }
     assert not rendering.warnings

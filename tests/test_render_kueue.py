@@ -14,7 +14,7 @@ import yaml
 
 from gpuwarden.cli import main as gpuwarden
 from gpuwarden.lab.kueue import crd_manifests, crd_schema, module_dir
-from gpuwarden.policy import PolicySet, load_texts
+from gpuwarden.policy import PolicyError, PolicySet, load_texts
 from gpuwarden.policy.backends import plan_for
 from gpuwarden.policy.kueue import (
     DEFAULT_LOCAL_QUEUE,
@@ -39,7 +39,7 @@ def _policy(spec: str) -> PolicySet:
 # Three tenants share one cohort of whole GPUs: vision lends and may borrow up to 8, nlp keeps its
 # 2 to itself (guarantee = quota), research has no quota of its own and only borrows.
 TEAMS = """
-  backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared}
+  backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared, mpsReplicas: 4}
   profiles:
     - {name: training, gpuShare: false, gpus: 1, priority: 200}
     - {name: batch, gpuShare: false, gpus: 1, priority: 10, preemptible: true}
@@ -179,10 +179,11 @@ def test_a_cluster_queue_per_tenant_from_its_quota_and_queue_spec() -> None:
         "nominalQuota": "4",
         "borrowingLimit": "4",
     }
-    # Shared slices are their own resource here (renamed), in their own pool, unbounded borrowing.
+    # Shared slices are their own resource here (renamed), in their own pool, unbounded
+    # borrowing: 4 GPUs of 4 MPS replicas each, as no sharedGpus splits the quota.
     assert vision[("gpuwarden-mps-gpus", "nvidia.com/gpu.shared")] == {
         "name": "nvidia.com/gpu.shared",
-        "nominalQuota": "4",
+        "nominalQuota": "16",
     }
     assert queues["vision"]["spec"]["fairSharing"] == {"weight": 2}
 
@@ -213,6 +214,13 @@ def test_a_cluster_queue_per_tenant_from_its_quota_and_queue_spec() -> None:
     }
     assert local[("nlp-dev", "default")]["spec"] == {"clusterQueue": "nlp"}
     assert not rendering.warnings
+    # Without sharedGpus each pool holds the whole quota, which render says.
+    assert (
+        "tenant vision: its quota holds each GPU pool on its own (nvidia.com/gpu.shared in "
+        "gpuwarden-mps-gpus 16 (4 GPUs x 4), nvidia.com/gpu in gpuwarden-whole-gpus 4), so "
+        "together they may hold more than quota.gpus (4) GPUs; quota.sharedGpus splits "
+        "quota.gpus between whole GPUs and shared slices"
+    ) in rendering.notes
 
 
 def test_pools_are_flavors_with_gfd_node_labels() -> None:
@@ -242,7 +250,8 @@ def test_one_resource_in_two_pools_shares_a_resource_group() -> None:
         ]
     }
     quotas = _quotas(mixed)
-    assert quotas[("gpuwarden-gpu-slices", "volcano.sh/vgpu-number")]["nominalQuota"] == "3"
+    # Volcano vGPU: 3 GPUs of the device plugin's default 10 slices each.
+    assert quotas[("gpuwarden-gpu-slices", "volcano.sh/vgpu-number")]["nominalQuota"] == "30"
     # A pool that does not serve a resource of its group holds none of it.
     assert quotas[("gpuwarden-whole-gpus", "volcano.sh/vgpu-number")] == {
         "name": "volcano.sh/vgpu-number",
@@ -250,9 +259,17 @@ def test_one_resource_in_two_pools_shares_a_resource_group() -> None:
         "borrowingLimit": "0",
     }
     assert any(
-        "nvidia.com/gpu is served by gpuwarden-mps-gpus and gpuwarden-whole-gpus and "
-        "gpuwarden-gpu-slices" in note
+        "tenant mixed: its quota holds each GPU pool on its own (nvidia.com/gpu in "
+        "gpuwarden-mps-gpus 6 (3 GPUs x 2), nvidia.com/gpu in gpuwarden-whole-gpus 3, "
+        "nvidia.com/gpu in gpuwarden-gpu-slices 30 (3 GPUs x 10), volcano.sh/vgpu-number in "
+        "gpuwarden-gpu-slices 30 (3 GPUs x 10))" in note
         for note in rendering.notes
+    )
+    # The nvidia backend says no mpsReplicas: render assumes 2 and says so.
+    assert any(
+        "tenant mixed: profile mps shares GPUs on an nvidia backend that sets no mpsReplicas; "
+        "the quota of nvidia.com/gpu in gpuwarden-mps-gpus assumes 2 MPS replicas per GPU" in w
+        for w in rendering.warnings
     )
     # Volcano queues its pods itself: two queues for one pod is said.
     assert any("queued by Volcano's Queue as well" in w for w in rendering.warnings)
@@ -336,9 +353,169 @@ def test_queue_spec_fields_a_cluster_queue_cannot_hold_are_said() -> None:
         "lendingLimit": "0",
     }
     text = "\n".join(rendering.warnings)
-    assert "capability nvidia.com/gpu 2 is below quota.gpus 4" in text
-    assert "guarantee nvidia.com/gpu 6 is above quota.gpus 4" in text
+    assert (
+        "capability nvidia.com/gpu 2 is below the nominal quota of nvidia.com/gpu in "
+        "gpuwarden-whole-gpus (4)" in text
+    )
+    assert (
+        "guarantee nvidia.com/gpu 6 is above the nominal quota of nvidia.com/gpu in "
+        "gpuwarden-whole-gpus (4)" in text
+    )
     assert "queueSpec.capability cpu is not in its ClusterQueue" in text
+
+
+# --- quota.gpus over shared pools: slices per GPU and quota.sharedGpus ----------------------
+
+SHARED_POOLS = """
+  backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared, mpsReplicas: 4}
+  profiles:
+    - {name: whole, gpuShare: false, gpus: 1}
+    - {name: mps, gpuShare: true, maxMemory: 8Gi}
+    - {name: vgpu, gpuShare: true, maxMemory: 8Gi, backend: {type: volcano, deviceSplitCount: 5}}
+    - {name: hami, gpuShare: true, maxMemory: 8Gi, backend: hami}
+    - {name: hami-whole, gpuShare: false, backend: hami}
+  tenants:
+%s
+"""
+
+
+def _tenant(profiles: str, quota: str) -> str:
+    """Tenant t of SHARED_POOLS, allowed ``profiles``, with ``quota``."""
+    return (
+        f"    - {{name: t, namespaces: [t], limits: {{allowedProfiles: [{profiles}]}}, "
+        f"quota: {quota}}}"
+    )
+
+
+def _cell(resource: str, nominal: str, **limits: str) -> Obj:
+    """A ClusterQueue's quota entry for ``resource``."""
+    return {"name": resource, "nominalQuota": nominal, **limits}
+
+
+def _one_queue(tenant: str) -> tuple[Rendering, dict[tuple[str, str], Obj]]:
+    rendering = render(_policy(SHARED_POOLS % tenant), ONLY_KUEUE)
+    (queue,) = rendering.of_kind("ClusterQueue")
+    return rendering, _quotas(queue)
+
+
+@pytest.mark.parametrize(
+    ("profile", "cell", "nominal"),
+    [
+        # NVIDIA's device plugin: replicas per GPU, as backend.mpsReplicas says.
+        ("mps", ("gpuwarden-mps-gpus", "nvidia.com/gpu.shared"), "16"),
+        # volcano-vgpu device plugin: deviceSplitCount, set to 5 here.
+        ("vgpu", ("gpuwarden-gpu-slices", "volcano.sh/vgpu-number"), "20"),
+        # HAMi: its default deviceSplitCount, 10.
+        ("hami", ("gpuwarden-gpu-slices", "nvidia.com/gpu"), "40"),
+    ],
+)
+def test_a_shared_pool_counts_slices_per_gpu(
+    profile: str, cell: tuple[str, str], nominal: str
+) -> None:
+    tenant = _tenant(profile, "{gpus: 4}")
+    rendering, quotas = _one_queue(tenant)
+    assert quotas == {cell: _cell(cell[1], nominal)}
+    assert not [w for w in rendering.warnings if "Volcano's Queue as well" not in w]
+    # The ResourceQuota charges the same slices.
+    policies = _policy(SHARED_POOLS % tenant)
+    (quota,) = render(policies, RenderOptions(priority_classes=False, queues=False)).of_kind(
+        "ResourceQuota"
+    )
+    assert quota["spec"]["hard"][f"requests.{cell[1]}"] == nominal
+
+
+def test_shared_gpus_split_the_quota_between_whole_gpus_and_slices() -> None:
+    tenant = _tenant("whole, mps", "{gpus: 4, sharedGpus: 1}")
+    rendering, quotas = _one_queue(tenant)
+    # 3 whole GPUs and 1 GPU of 4 MPS replicas: 4 GPUs in all, not 4 of each.
+    assert quotas == {
+        ("gpuwarden-mps-gpus", "nvidia.com/gpu.shared"): _cell("nvidia.com/gpu.shared", "4"),
+        ("gpuwarden-whole-gpus", "nvidia.com/gpu"): _cell("nvidia.com/gpu", "3"),
+    }
+    assert not rendering.warnings
+    assert not [n for n in rendering.notes if "each GPU pool on its own" in n]
+    (quota,) = render(_policy(SHARED_POOLS % tenant)).of_kind("ResourceQuota")
+    assert quota["spec"]["hard"] == {
+        "requests.nvidia.com/gpu": "3",
+        "requests.nvidia.com/gpu.shared": "4",
+    }
+
+
+def test_one_resource_for_whole_gpus_and_slices_adds_both_parts() -> None:
+    """HAMi asks for whole GPUs and slices by one resource in one pool: the nominal quota is the
+    whole GPUs plus the shared GPUs' slices, and render says whole GPUs count as one slice."""
+    rendering, quotas = _one_queue(_tenant("hami, hami-whole", "{gpus: 3, sharedGpus: 1}"))
+    assert quotas == {("gpuwarden-gpu-slices", "nvidia.com/gpu"): _cell("nvidia.com/gpu", "12")}
+    assert any(
+        "tenant t: whole-GPU and shared pods both ask for nvidia.com/gpu in gpuwarden-gpu-slices, "
+        "which counts a whole GPU as one, like a slice" in note
+        for note in rendering.notes
+    )
+
+
+def test_limits_are_in_the_resources_units() -> None:
+    """capability and guarantee count what the resource counts (slices for a shared one), as
+    the nominal quota now does: 2 shared GPUs are 8 replicas; capability 12 borrows 4 more."""
+    tenant = (
+        "    - name: t\n      namespaces: [t]\n      queue: t\n"
+        "      limits: {allowedProfiles: [whole, mps]}\n"
+        "      quota: {gpus: 4, sharedGpus: 2}\n"
+        '      queueSpec: {capability: {nvidia.com/gpu.shared: "12", nvidia.com/gpu: "4"}, '
+        'guarantee: {nvidia.com/gpu.shared: "4"}}'
+    )
+    rendering, quotas = _one_queue(tenant)
+    assert quotas == {
+        ("gpuwarden-mps-gpus", "nvidia.com/gpu.shared"): _cell(
+            "nvidia.com/gpu.shared", "8", borrowingLimit="4", lendingLimit="4"
+        ),
+        ("gpuwarden-whole-gpus", "nvidia.com/gpu"): _cell(
+            "nvidia.com/gpu", "2", borrowingLimit="2"
+        ),
+    }
+    assert not rendering.warnings
+
+
+def test_without_mps_replicas_render_assumes_two_and_says_so() -> None:
+    spec = (SHARED_POOLS % _tenant("whole, mps", "{gpus: 4}")).replace(", mpsReplicas: 4", "")
+    rendering = render(_policy(spec), ONLY_KUEUE)
+    (queue,) = rendering.of_kind("ClusterQueue")
+    assert _quotas(queue)[("gpuwarden-mps-gpus", "nvidia.com/gpu.shared")]["nominalQuota"] == "8"
+    assert (
+        "tenant t: profile mps shares GPUs on an nvidia backend that sets no mpsReplicas; the "
+        "quota of nvidia.com/gpu.shared in gpuwarden-mps-gpus assumes 2 MPS replicas per GPU, "
+        "the least NVIDIA's device plugin accepts: set mpsReplicas to the device plugin's "
+        "sharing.mps.resources[].replicas"
+    ) in rendering.warnings
+
+
+def test_shared_gpus_without_a_shared_profile_is_said_by_lint_and_render() -> None:
+    policies = _policy(SHARED_POOLS % _tenant("whole", "{gpus: 4, sharedGpus: 1}"))
+    said = (
+        "tenant t: quota.sharedGpus 1, but none of its profiles shares GPUs: it holds only "
+        "quota.gpus - quota.sharedGpus (3) whole GPUs"
+    )
+    assert said in lint_warnings(policies)
+    rendering = render(policies, RenderOptions(priority_classes=False, kueue=True))
+    assert rendering.warnings.count(said) == 1  # once, for the ResourceQuota and the queue
+    (queue,) = rendering.of_kind("ClusterQueue")
+    assert _quotas(queue)[("gpuwarden-whole-gpus", "nvidia.com/gpu")]["nominalQuota"] == "3"
+
+
+@pytest.mark.parametrize(
+    ("quota", "said"),
+    [
+        (
+            "{gpus: 2, sharedGpus: 3}",
+            "tenant t: quota.sharedGpus 3 is more than quota.gpus 2",
+        ),
+        ("{sharedGpus: 1}", "tenant t: quota.sharedGpus needs quota.gpus"),
+        ("{gpus: 2, sharedGpus: -1}", "spec.tenants[0].quota.sharedGpus: Input should be"),
+    ],
+)
+def test_shared_gpus_must_be_part_of_gpus(quota: str, said: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        _policy(SHARED_POOLS % f"    - {{name: t, namespaces: [t], quota: {quota}}}")
+    assert any(said in str(issue) for issue in err.value.issues), err.value.issues
 
 
 def test_lint_says_what_kueue_cannot_mean() -> None:

@@ -29,6 +29,7 @@ from gpuwarden.lab.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.nodes import GpuNodePool
 from gpuwarden.lab.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.report import table
+from gpuwarden.lab.sizing import shared_slice_hours
 from gpuwarden.lab.strategies import (
     KUEUE_SUFFIX,
     Layout,
@@ -334,7 +335,10 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     demand = offered_gpu_hours(rows, horizon)
 
     def queued(base: Strategy) -> Strategy:
-        return kueue_variant(base, namespaces, demand, layout.physical_gpus)
+        # The MPS nodes the base strategy gets, which its tenants' sharedGpus add up to.
+        resolved, _ = simulate.resolve_layout(layout, base, rows, namespaces)
+        shared = shared_slice_hours(base, rows, namespaces, horizon) if base.shares else {}
+        return kueue_variant(base, namespaces, demand, resolved, shared)
 
     strategies = _strategies(args, queued)
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)

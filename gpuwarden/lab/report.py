@@ -260,10 +260,15 @@ def _slices(record: PodRecord) -> float:
     return float(record.slices)
 
 
-def borrowed(records: Sequence[PodRecord], quota: int, horizon: float) -> list[tuple[float, float]]:
-    """The step function of physical GPUs a tenant held above its quota as Kueue counts it:
-    whole GPUs and MPS slices each against ``quota`` (``gpuwarden render --kueue`` gives both
-    resources the tenant's quota.gpus), a slice counting as its share of a GPU."""
+def borrowed(
+    records: Sequence[PodRecord], quota: int, horizon: float, shared: int | None = None
+) -> list[tuple[float, float]]:
+    """The step function of physical GPUs a tenant held above its quota as Kueue counts it
+    (``gpuwarden render --kueue``'s nominal quotas): whole GPUs against ``quota - shared``, MPS
+    slices against ``shared`` GPUs' worth of slices (its quota.sharedGpus; None: each pool
+    against the whole ``quota``), a slice counting as its share of a GPU."""
+    whole_quota = quota - shared if shared is not None else quota
+    shared_quota = shared if shared is not None else quota
     sizes = [(r.gpus - r.whole) / r.slices for r in records if r.slices]
     slice_gpu = sizes[0] if sizes else 0.0
     whole, slices = held(records, horizon, _whole), held(records, horizon, _slices)
@@ -275,7 +280,9 @@ def borrowed(records: Sequence[PodRecord], quota: int, horizon: float) -> list[t
             w += 1
         while s + 1 < len(slices) and slices[s + 1][0] <= at:
             s += 1
-        over = max(0.0, whole[w][1] - quota) + max(0.0, slices[s][1] - quota) * slice_gpu
+        over = max(0.0, whole[w][1] - whole_quota) + max(
+            0.0, slices[s][1] * slice_gpu - shared_quota
+        )
         out.append((at, over))
     return out
 
@@ -287,8 +294,10 @@ def tenant_queues(
     physical_gpus: int,
     horizon: float,
     bucket: float,
+    shared: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """Per queued tenant (namespace): its nominal quota and entitled share of the GPUs, the
+    """Per queued tenant (namespace): its nominal quota (and of it the MPS nodes' GPUs, where
+    ``shared`` gives its quota.sharedGpus) and entitled share of the GPUs, the
     share it held per bucket and on average, the GPU-hours it held, held above its quota
     (borrowed, as Kueue counts it) and lost when Kueue took borrowed GPUs back (reclaim), and
     Kueue's preemptions of its pods by reason."""
@@ -299,7 +308,8 @@ def tenant_queues(
     for namespace, quota in sorted(quotas.items()):
         mine = [r for r in pods if r.namespace == namespace]
         gpus = held(mine, horizon, _gpus)
-        above = borrowed(mine, quota, horizon)
+        mps = shared.get(namespace, 0) if shared is not None else None
+        above = borrowed(mine, quota, horizon, mps)
         reclaimed = [r for r in mine if r.evicted_by in RECLAIM_REASONS]
         reasons: dict[str, int] = {}
         for record in mine:
@@ -307,6 +317,7 @@ def tenant_queues(
                 reasons[record.evicted_by] = reasons.get(record.evicted_by, 0) + 1
         out[namespace] = {
             "nominalGpus": quota,
+            **({"nominalSharedGpus": mps} if mps is not None else {}),
             "entitledShare": quota / capacity,
             "receivedShare": [g / capacity for g in step_average(gpus, horizon, bucket)],
             "receivedShareAverage": step_average(gpus, horizon, whole)[0] / capacity,
@@ -341,6 +352,7 @@ def summarize(
     bucket: float = 3600.0,
     notes: Sequence[str] = (),
     quotas: Mapping[str, int] | None = None,
+    shared_quotas: Mapping[str, int] | None = None,
 ) -> StrategyReport:
     """A strategy's figures from its pods, its rows' outcomes and the step functions of GPUs
     allocated, GPUs busy and GPUs pending (simulated seconds)."""
@@ -399,7 +411,12 @@ def summarize(
             {}
             if quotas is None
             else tenant_queues(
-                pods, quotas, physical_gpus=physical_gpus, horizon=horizon, bucket=bucket
+                pods,
+                quotas,
+                physical_gpus=physical_gpus,
+                horizon=horizon,
+                bucket=bucket,
+                shared=shared_quotas,
             )
         ),
     )

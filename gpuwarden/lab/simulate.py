@@ -48,18 +48,30 @@ def progress_line(done: float, horizon: float, running: int, starting: int = 0) 
 
 
 def strategy_layout(plan: Plan, strategy: Strategy) -> tuple[Layout, list[str]]:
-    """The plan's layout with the strategy's MPS nodes resolved (sized to its shared demand when
-    the plan leaves them open), and notes on them."""
-    layout = plan.layout
+    """The plan's layout with the strategy's MPS nodes resolved, and notes on them."""
+    return resolve_layout(plan.layout, strategy, plan.rows, plan.namespaces)
+
+
+def resolve_layout(
+    layout: Layout,
+    strategy: Strategy,
+    rows: Sequence[TraceRow],
+    namespaces: Mapping[str, Mapping[str, str]],
+) -> tuple[Layout, list[str]]:
+    """``layout`` with the strategy's MPS nodes resolved (sized to its shared demand when the
+    layout leaves them open, or those its tenant queues were split for), and notes on them."""
     if not strategy.shares:
         return replace(layout, mps_nodes=0), []
+    if layout.mps_nodes is None and strategy.mps_nodes is not None:
+        layout = replace(layout, mps_nodes=strategy.mps_nodes)
+        return layout, [f"MPS nodes: {strategy.mps_nodes}, those its tenant queues were split for"]
     if layout.mps_nodes is not None:
         if layout.mps_nodes == 0:
             return layout, [
                 "it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"
             ]
         return layout, []
-    slices = shared_demand(strategy, plan.rows, plan.namespaces)
+    slices = shared_demand(strategy, rows, namespaces)
     nodes = mps_nodes_for(slices, layout.mps_gpus_per_node, layout.mps_replicas)
     note = (
         f"MPS nodes sized to its shared demand: {nodes} (at most {slices} slices asked at once, "
@@ -129,6 +141,7 @@ def report(replay: Replay, plan: Plan, layout_notes: Sequence[str] = ()) -> Stra
         pending=replay.ledger.backlog,
         notes=(*replay.strategy.notes, *layout_notes),
         quotas=replay.strategy.queues,
+        shared_quotas=replay.strategy.shared_gpus,
     )
 
 

@@ -5,7 +5,7 @@ core decides each trace row's pod offline, no cluster involved)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from gpuwarden.lab.replay import namespace_view_labels, pod_devices, row_pod
 from gpuwarden.lab.strategies import Strategy
@@ -13,15 +13,13 @@ from gpuwarden.lab.trace import TraceRow
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 
 
-def shared_demand(
+def _shared_rows(
     strategy: Strategy, rows: Sequence[TraceRow], namespaces: Mapping[str, Mapping[str, str]]
-) -> int:
-    """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
-    for its duration (0 when it shares nothing)."""
+) -> Iterator[tuple[TraceRow, int]]:
+    """Each row whose pod the strategy admits with MPS slices, and how many."""
     if strategy.policies is None:
-        return 0
+        return
     view = ClusterView(namespace_labels=namespace_view_labels(namespaces))
-    events: list[tuple[float, int]] = []
     for row in rows:
         pod = row_pod(row, f"sizing-{row.row}")
         result = admit(
@@ -33,12 +31,37 @@ def shared_demand(
             continue
         _, slices = pod_devices(result.pod)
         if slices:
-            events += [(row.at, slices), (row.at + row.duration, -slices)]
+            yield row, slices
+
+
+def shared_demand(
+    strategy: Strategy, rows: Sequence[TraceRow], namespaces: Mapping[str, Mapping[str, str]]
+) -> int:
+    """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
+    for its duration (0 when it shares nothing)."""
+    events: list[tuple[float, int]] = []
+    for row, slices in _shared_rows(strategy, rows, namespaces):
+        events += [(row.at, slices), (row.at + row.duration, -slices)]
     peak = current = 0
     for _, change in sorted(events):  # an end before a start at the same moment
         current += change
         peak = max(peak, current)
     return peak
+
+
+def shared_slice_hours(
+    strategy: Strategy,
+    rows: Sequence[TraceRow],
+    namespaces: Mapping[str, Mapping[str, str]],
+    horizon: float,
+) -> dict[str, float]:
+    """MPS slice-hours each namespace's pods ask for under the strategy, of the rows that
+    arrive within the horizon (what its share of the MPS nodes is sized to)."""
+    out: dict[str, float] = {}
+    for row, slices in _shared_rows(strategy, rows, namespaces):
+        if row.at < horizon:
+            out[row.namespace] = out.get(row.namespace, 0.0) + slices * row.duration / 3600
+    return out
 
 
 def mps_nodes_for(slices: int, gpus_per_node: int, replicas: int) -> int:

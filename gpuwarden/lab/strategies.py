@@ -11,16 +11,19 @@ memory instead of a fixed replica count) is not simulated; the strategy's notes 
 
 A strategy with **tenant queues** (``<strategy>+kueue``, :func:`kueue_variant`) is another
 strategy's policy with each trace namespace made a tenant of its own, with the settings of the
-tenant that had it, a ``quota`` (its nominal share of the cluster's GPUs) and a ``queueSpec``:
-the replay runs Kueue against the lab's API server and applies what ``gpuwarden render --kueue``
-writes for it, and Kueue admits every pod against the tenants' ClusterQueues.
+tenant that had it, a ``quota`` (its nominal share of the cluster's GPUs, and of those the
+share of the MPS nodes' GPUs, ``sharedGpus``) and a ``queueSpec``: the replay runs Kueue against
+the lab's API server and applies what ``gpuwarden render --kueue`` writes for it, with the
+layout's MPS replicas as the nvidia backends' ``mpsReplicas``, and Kueue admits every pod against
+the tenants' ClusterQueues.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +96,10 @@ class Layout:
             return first.gpus_per_node
         return self.gpus_per_node
 
+    def mps_gpus(self, shares: bool) -> int:
+        """Physical GPUs of the MPS nodes (``mps_nodes`` resolved)."""
+        return sum(pool.physical_gpus for pool in self.pools(shares) if pool.shared)
+
     @property
     def node_count(self) -> int:
         return sum(p.count for p in self.node_pools) if self.node_pools else self.nodes
@@ -154,8 +161,12 @@ class Strategy:
     policies: PolicySet | None  # None: no gpuwarden at all
     notes: tuple[str, ...] = field(default_factory=tuple)
     sources: tuple[tuple[str, str], ...] = ()  # (source, YAML) the policies were loaded from
-    # Tenant queues: each trace namespace's nominal quota in GPUs (None: no Kueue).
+    # Tenant queues: each trace namespace's nominal quota in GPUs (None: no Kueue), and how many
+    # of them are the MPS nodes' (its quota.sharedGpus; None: it shares nothing).
     queues: Mapping[str, int] | None = None
+    shared_gpus: Mapping[str, int] | None = None
+    # The MPS nodes the tenant queues were split for (None: as the layout resolves them).
+    mps_nodes: int | None = None
 
     @property
     def shares(self) -> bool:
@@ -179,23 +190,44 @@ def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
     return backend
 
 
-def lab_documents(docs: Iterable[Any], source: str) -> tuple[list[Any], list[str]]:
-    """The policy documents with Volcano/HAMi backends replaced by the lab's (and notes)."""
-    out: list[Any] = []
-    notes: list[str] = []
+def _rewrite_backends(docs: Iterable[Any], source: str, change: Callable[[Any, str], Any]) -> None:
+    """Replace each backend the policy documents set (the policy's and its profiles') by
+    ``change(backend, where)``, in place."""
     for doc in docs:
         spec = doc.get("spec") if isinstance(doc, Mapping) else None
-        if isinstance(spec, dict):
-            name = (doc.get("metadata") or {}).get("name", source)
-            if "backend" in spec:
-                spec["backend"] = _on_lab_backend(spec["backend"], f"policy {name}", notes)
-            for profile in spec.get("profiles") or []:
-                if isinstance(profile, dict) and "backend" in profile:
-                    profile["backend"] = _on_lab_backend(
-                        profile["backend"], f"profile {profile.get('name')}", notes
-                    )
-        out.append(doc)
+        if not isinstance(spec, dict):
+            continue
+        name = (doc.get("metadata") or {}).get("name", source)
+        if "backend" in spec:
+            spec["backend"] = change(spec["backend"], f"policy {name}")
+        for profile in spec.get("profiles") or []:
+            if isinstance(profile, dict) and "backend" in profile:
+                profile["backend"] = change(profile["backend"], f"profile {profile.get('name')}")
+
+
+def lab_documents(docs: Iterable[Any], source: str) -> tuple[list[Any], list[str]]:
+    """The policy documents with Volcano/HAMi backends replaced by the lab's (and notes)."""
+    out = list(docs)
+    notes: list[str] = []
+    _rewrite_backends(out, source, lambda backend, where: _on_lab_backend(backend, where, notes))
     return out, notes
+
+
+def with_mps_replicas(text: str, source: str, replicas: int) -> str:
+    """A policy file's YAML with ``mpsReplicas`` on every nvidia backend: the lab's MPS nodes
+    share each GPU ``replicas`` ways, which is what Kueue's shared quotas must count."""
+
+    def change(backend: Any, where: str) -> Any:
+        del where
+        if backend == "nvidia":
+            backend = {"type": "nvidia"}
+        if isinstance(backend, Mapping) and backend.get("type") == "nvidia":
+            return {**backend, "mpsReplicas": replicas}
+        return backend
+
+    docs = list(yaml.safe_load_all(text))
+    _rewrite_backends(docs, source, change)
+    return yaml.safe_dump_all(docs, sort_keys=False)
 
 
 def strategy_from_texts(name: str, texts: Sequence[tuple[str, str]]) -> Strategy:
@@ -226,19 +258,55 @@ def builtin_strategies(default_policies: Path) -> list[Strategy]:
 # --- tenant queues (Kueue) -------------------------------------------------------------------
 
 
+def _largest_remainder(exact: Mapping[str, Fraction], total: int) -> dict[str, int]:
+    """Whole numbers that add up to ``total``, from exact shares that do: each share's floor, and
+    one more for the largest remainders (ties by name)."""
+    out = {key: math.floor(share) for key, share in exact.items()}
+    left = total - sum(out.values())
+    for key in sorted(exact, key=lambda k: (out[k] - exact[k], k))[:left]:
+        out[key] += 1
+    return out
+
+
 def entitled_quotas(demand: Mapping[str, float], gpus: int) -> dict[str, int]:
     """Each tenant's nominal quota: the cluster's ``gpus`` split in proportion to the GPU-hours
     it asks for (``demand``), whole GPUs by largest remainder, as a platform team sizes quotas
     to the demand it expects; all of them add up to ``gpus``."""
-    total = sum(max(value, 0.0) for value in demand.values())
+    weights = {ns: Fraction(max(value, 0.0)) for ns, value in demand.items()}
+    total = sum(weights.values())
     if total <= 0:
         return {namespace: 0 for namespace in demand}
-    exact = {ns: gpus * max(value, 0.0) / total for ns, value in demand.items()}
-    quotas = {ns: math.floor(share) for ns, share in exact.items()}
-    left = gpus - sum(quotas.values())
-    for namespace in sorted(exact, key=lambda ns: (quotas[ns] - exact[ns], ns))[:left]:
-        quotas[namespace] += 1
-    return quotas
+    return _largest_remainder({ns: gpus * w / total for ns, w in weights.items()}, gpus)
+
+
+def shared_quotas(
+    quotas: Mapping[str, int], demand: Mapping[str, float], gpus: int
+) -> dict[str, int]:
+    """Each tenant's ``quota.sharedGpus``: the MPS nodes' ``gpus`` split in proportion to the
+    shared demand (MPS slice-hours) each asks for, never above the tenant's quota, whole GPUs
+    by largest remainder; they add up to ``gpus``, and the rest of the quotas to the whole
+    GPUs. What a tenant's demand would take past its quota goes to the others by their demand,
+    and where none is left by the room left in their quotas."""
+    if gpus > sum(quotas.values()):
+        raise ValueError(f"{gpus} shared GPUs do not fit in quotas of {sum(quotas.values())}")
+    exact = {ns: Fraction(0) for ns in quotas}
+    open_ = set(quotas)
+    left = Fraction(gpus)
+    while left > 0:
+        weights = {ns: Fraction(max(demand.get(ns, 0.0), 0.0)) for ns in open_}
+        if not any(weights.values()):
+            weights = {ns: Fraction(quotas[ns]) for ns in open_}
+        total = sum(weights.values())
+        share = {ns: left * w / total for ns, w in weights.items()}
+        full = {ns for ns in share if share[ns] >= quotas[ns]}
+        if not full:
+            exact.update(share)
+            break
+        for ns in full:  # capped at its quota; the rest is shared again
+            exact[ns] = Fraction(quotas[ns])
+            left -= quotas[ns]
+            open_.discard(ns)
+    return _largest_remainder(exact, gpus)
 
 
 def offered_gpu_hours(rows: Iterable[TraceRow], horizon: float) -> dict[str, float]:
@@ -251,11 +319,15 @@ def offered_gpu_hours(rows: Iterable[TraceRow], horizon: float) -> dict[str, flo
 
 
 def tenant_queues_document(
-    policies: PolicySet, namespaces: Mapping[str, Mapping[str, str]], quotas: Mapping[str, int]
+    policies: PolicySet,
+    namespaces: Mapping[str, Mapping[str, str]],
+    quotas: Mapping[str, int],
+    shared: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """A GPUPolicy whose tenants are the namespaces, each with the settings of the tenant the
-    policies give it (overrides, limits, enforcement), its quota and a queueSpec: a Kueue
-    ClusterQueue each (a tenant that names a namespace wins over one that selects it)."""
+    policies give it (overrides, limits, enforcement), its quota (``quotas`` GPUs, ``shared``
+    of them as quota.sharedGpus) and a queueSpec: a Kueue ClusterQueue each (a tenant that
+    names a namespace wins over one that selects it)."""
     taken = {tenant.name for tenant in policies.tenants}
     tenants: list[dict[str, Any]] = []
     for namespace in sorted(quotas):
@@ -273,7 +345,10 @@ def tenant_queues_document(
                 "namespaces": [namespace],
                 **kept,
                 "queue": name,
-                "quota": {"gpus": quotas[namespace]},
+                "quota": {
+                    "gpus": quotas[namespace],
+                    **({"sharedGpus": shared[namespace]} if shared is not None else {}),
+                },
                 "queueSpec": {"weight": 1},
             }
         )
@@ -289,27 +364,57 @@ def kueue_variant(
     base: Strategy,
     namespaces: Mapping[str, Mapping[str, str]],
     demand: Mapping[str, float],
-    gpus: int,
+    layout: Layout,
+    shared_demand: Mapping[str, float],
 ) -> Strategy:
     """``base`` with tenant queues: each namespace its own tenant with a nominal quota of the
-    ``gpus`` in proportion to its ``demand`` (GPU-hours), queued by Kueue."""
+    ``layout``'s GPUs in proportion to its ``demand`` (GPU-hours), queued by Kueue. Where
+    ``base`` shares GPUs, ``layout`` has its MPS nodes resolved (as ``gpuwarden simulate``
+    sizes them for ``base``): their GPUs are split by ``shared_demand`` (MPS slice-hours) as the
+    tenants' ``sharedGpus``, and every nvidia backend gets the layout's MPS replicas."""
     if base.policies is None:
         raise ValueError(f"strategy {base.name} has no policy to add tenant queues to")
+    gpus = layout.physical_gpus
     quotas = entitled_quotas({ns: demand.get(ns, 0.0) for ns in namespaces}, gpus)
-    document = tenant_queues_document(base.policies, namespaces, quotas)
-    sources = (*base.sources, (TENANT_QUEUES_POLICY, yaml.safe_dump(document, sort_keys=False)))
-    shares = ", ".join(f"{ns} {quota}" for ns, quota in sorted(quotas.items()))
+    shared: dict[str, int] | None = None
+    mps_gpus = 0
+    sources = base.sources
+    if base.shares:
+        if layout.mps_nodes is None:
+            raise ValueError(f"strategy {base.name} shares GPUs: resolve its MPS nodes first")
+        mps_gpus = layout.mps_gpus(shares=True)
+        # Quotas add up to the cluster's GPUs, which hold the MPS nodes' (unless no one asks
+        # for any GPU: then every quota is 0).
+        shared = shared_quotas(quotas, shared_demand, min(mps_gpus, sum(quotas.values())))
+        if layout.mps_replicas > 1:  # else no node shares (mpsReplicas must be 2 or more)
+            sources = tuple(
+                (source, with_mps_replicas(text, source, layout.mps_replicas))
+                for source, text in base.sources
+            )
+    document = tenant_queues_document(base.policies, namespaces, quotas, shared)
+    sources = (*sources, (TENANT_QUEUES_POLICY, yaml.safe_dump(document, sort_keys=False)))
+    shares = ", ".join(
+        f"{ns} {quota}" + (f" ({shared[ns]} on MPS)" if shared else "")
+        for ns, quota in sorted(quotas.items())
+    )
     note = (
         f"tenant queues (Kueue v0.17, managing plain pods): each namespace a ClusterQueue in one "
         f"cohort, nominal quotas of the {gpus} GPUs in proportion to the GPU-hours each asks "
         f"for: {shares}"
     )
+    if shared is not None:
+        note += (
+            f"; the {mps_gpus} GPUs of the MPS nodes ({layout.mps_replicas} replicas each) split "
+            "by the MPS slice-hours each asks for"
+        )
     return Strategy(
         base.name + KUEUE_SUFFIX,
         load_texts(list(sources)),
         (*base.notes, note),
         sources,
         quotas,
+        shared,
+        layout.mps_nodes if base.shares else None,
     )
 
 

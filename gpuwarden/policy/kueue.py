@@ -8,9 +8,15 @@ What a tenant's ``quota`` and ``queueSpec`` (Volcano's Queue fields) become:
   tenant's profiles ask for (``nvidia.com/gpu``, ``nvidia.com/gpu.shared``,
   ``volcano.sh/vgpu-number``), each under the flavor of the pool that serves it:
 
-  - ``nominalQuota``: ``quota.gpus`` (0 without one: the tenant only borrows).
-  - ``borrowingLimit``: ``queueSpec.capability`` minus the nominal quota. Volcano's capability
-    caps what the queue may use in all; Kueue caps what it may borrow on top of its own.
+  - ``nominalQuota``: the pool's part of ``quota.gpus`` (0 without one: the tenant only
+    borrows), counted as the pool's resource counts: a shared pool counts slices, so one GPU
+    is the backend's slices per GPU (:func:`slices_per_gpu`: NVIDIA's ``mpsReplicas``, the
+    vGPU device plugins' ``deviceSplitCount``). ``quota.sharedGpus`` splits ``quota.gpus``:
+    ``sharedGpus`` x slices per GPU for the shared pool, the rest for whole GPUs; without it
+    each pool gets all of ``quota.gpus`` (:func:`pool_nominal`).
+  - ``borrowingLimit``: ``queueSpec.capability`` minus the nominal quota, both in the
+    resource's units. Volcano's capability caps what the queue may use in all; Kueue caps what
+    it may borrow on top of its own.
   - ``lendingLimit``: the nominal quota minus ``queueSpec.guarantee``. Volcano's guarantee is
     reserved for the queue and never lent; ``guarantee`` equal to the quota lends nothing.
   - ``fairSharing.weight``: ``queueSpec.weight`` (Kueue compares the borrowed share over weight).
@@ -59,15 +65,18 @@ Kueue admitted (:data:`PODSET_LABEL`) that such a profile rewrote.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy.backends import SHARING_STRATEGY_LABEL, BackendPlan, plan_for
 from gpuwarden.policy.model import (
+    Backend,
     HamiBackend,
     LabelSelector,
+    NvidiaBackend,
     Tenant,
+    TenantQuota,
     VolcanoBackend,
     VolcanoQueueSpec,
     WorkloadRule,
@@ -146,6 +155,23 @@ def gpu_flavor(profile: ResolvedProfile, plan: BackendPlan) -> GpuFlavor:
     return MPS_GPUS if plan.shared else WHOLE_GPUS
 
 
+#: MPS replicas per GPU assumed for an nvidia backend that sets no ``mpsReplicas``: the least
+#: NVIDIA's device plugin accepts (sharing.mps.resources[].replicas, no default, at least 2:
+#: NVIDIA/k8s-device-plugin api/config/v1/replicas.go), so a shared quota never holds more GPUs
+#: than the tenant's.
+ASSUMED_MPS_REPLICAS = 2
+
+
+def slices_per_gpu(backend: Backend) -> int:
+    """How many of its shared pool's count resource one GPU is: NVIDIA's MPS replicas
+    (``mpsReplicas``), the volcano-vgpu and HAMi device plugins' ``deviceSplitCount``."""
+    if isinstance(backend, NvidiaBackend):
+        return backend.mps_replicas or ASSUMED_MPS_REPLICAS
+    if isinstance(backend, VolcanoBackend | HamiBackend):
+        return backend.device_split_count
+    return 1
+
+
 def excluded_resource_prefixes() -> tuple[str, ...]:
     """Kueue's ``resources.excludeResourcePrefixes`` for governed pods: everything they request
     but the device counts a ClusterQueue covers. No prefix matches a covered resource."""
@@ -164,6 +190,161 @@ def configuration_requirements() -> dict[str, Any]:
         "fairSharing": {"preemptionStrategies": list(FAIR_SHARING_STRATEGIES)},
         "resources": {"excludeResourcePrefixes": list(excluded_resource_prefixes())},
     }
+
+
+# --- the GPU pools a tenant's quota is split over -------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuPool:
+    """One (flavor, resource) a tenant's GPU pods ask for, and which of its profiles do."""
+
+    flavor: GpuFlavor
+    resource: str
+    whole: bool = False  # whole-GPU pods ask for it, one per GPU
+    # Shared pods that ask for it: (profile, slices per GPU of its backend).
+    sharers: tuple[tuple[str, int], ...] = ()
+    assumed: tuple[str, ...] = ()  # sharers on an nvidia backend without mpsReplicas
+
+    @property
+    def slices(self) -> int:
+        """How many of the resource one GPU is for its shared pods (0: none asks for it)."""
+        return max((n for _, n in self.sharers), default=0)
+
+    @property
+    def label(self) -> str:
+        return f"{self.resource} in {self.flavor.name}"
+
+
+def gpu_pools(profiles: Iterable[tuple[ResolvedProfile, BackendPlan]]) -> tuple[GpuPool, ...]:
+    """The pools a tenant's profiles (each with its backend plan) ask GPUs from, in the order a
+    ClusterQueue tries their flavors."""
+    found: dict[tuple[GpuFlavor, str], GpuPool] = {}
+    for profile, plan in profiles:
+        flavor = gpu_flavor(profile, plan)
+        for resource in sorted(set(plan.resources) & GPU_COUNT_RESOURCES):
+            pool = found.get((flavor, resource), GpuPool(flavor, resource))
+            if not plan.shared:
+                pool = replace(pool, whole=True)
+            else:
+                sharer = (profile.name, slices_per_gpu(profile.backend))
+                assumed = isinstance(profile.backend, NvidiaBackend) and (
+                    profile.backend.mps_replicas is None
+                )
+                pool = replace(
+                    pool,
+                    sharers=(*pool.sharers, sharer),
+                    assumed=(*pool.assumed, profile.name) if assumed else pool.assumed,
+                )
+            found[(flavor, resource)] = pool
+    return tuple(found[c] for c in sorted(found, key=lambda c: (FLAVORS.index(c[0]), c[1])))
+
+
+def pool_nominal(pool: GpuPool, quota: TenantQuota | None) -> Decimal:
+    """The pool's share of ``quota.gpus`` in its resource's units. With ``sharedGpus``: the
+    whole-GPU pods' pool ``gpus - sharedGpus``, the shared pods' ``sharedGpus`` x its slices per
+    GPU (both where one resource serves both). Without: ``gpus``, or ``gpus`` x the slices per
+    GPU where shared pods ask for it."""
+    gpus = Decimal(quota.gpus or 0) if quota is not None else Decimal(0)
+    shared = quota.shared_gpus if quota is not None else None
+    if shared is None:
+        return gpus * pool.slices if pool.slices else gpus
+    whole = gpus - shared if pool.whole else Decimal(0)
+    return whole + shared * pool.slices
+
+
+@dataclass(frozen=True)
+class PoolQuotas:
+    """A tenant's quota over its GPU pools, and what render says about it."""
+
+    quotas: tuple[tuple[GpuPool, Decimal], ...]
+    warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def by_resource(self) -> dict[str, Decimal]:
+        """What a ResourceQuota charges: the API server counts a resource whatever the pool,
+        so the pools that share a resource name add up."""
+        out: dict[str, Decimal] = {}
+        for pool, nominal in self.quotas:
+            out[pool.resource] = out.get(pool.resource, Decimal(0)) + nominal
+        return out
+
+
+def _explain(pool: GpuPool, nominal: Decimal, quota: TenantQuota | None) -> str:
+    text = f"{pool.label} {_text(nominal)}"
+    if not pool.slices or quota is None or not quota.gpus:
+        return text
+    shared = quota.shared_gpus if quota.shared_gpus is not None else quota.gpus
+    return f"{text} ({shared} GPUs x {pool.slices})"
+
+
+def shared_gpus_warnings(tenant: Tenant, pools: Sequence[GpuPool]) -> list[str]:
+    """What a ``quota.sharedGpus`` gives to a pool none of the tenant's profiles asks for."""
+    quota = tenant.quota
+    if quota is None or not quota.shared_gpus or quota.gpus is None:
+        return []
+    shared, rest = quota.shared_gpus, quota.gpus - quota.shared_gpus
+    if not any(p.slices for p in pools):
+        return [
+            f"tenant {tenant.name}: quota.sharedGpus {shared}, but none of its profiles shares "
+            f"GPUs: it holds only quota.gpus - quota.sharedGpus ({rest}) whole GPUs"
+        ]
+    if rest and not any(p.whole for p in pools):
+        return [
+            f"tenant {tenant.name}: quota.sharedGpus {shared} leaves {rest} of quota.gpus to "
+            "whole GPUs, which none of its profiles asks for"
+        ]
+    return []
+
+
+def pool_quotas(
+    tenant: Tenant, profiles: Iterable[tuple[ResolvedProfile, BackendPlan]]
+) -> PoolQuotas:
+    """The nominal quota of each GPU pool the tenant's profiles ask for (:func:`pool_nominal`),
+    with warnings (slices per GPU assumed or ambiguous, a ``sharedGpus`` no pool uses) and notes
+    (pools held apart, whole GPUs counted like slices)."""
+    pools = gpu_pools(profiles)
+    quota = tenant.quota
+    gpus = (quota.gpus or 0) if quota is not None else 0
+    shared = quota.shared_gpus if quota is not None else None
+    quotas = tuple((pool, pool_nominal(pool, quota)) for pool in pools)
+    who = f"tenant {tenant.name}"
+    warnings: list[str] = []
+    notes: list[str] = []
+    for pool, nominal in quotas:
+        if pool.assumed and gpus:
+            which = "profile {} shares" if len(pool.assumed) == 1 else "profiles {} share"
+            warnings.append(
+                f"{who}: {which.format(', '.join(pool.assumed))} GPUs on an nvidia backend that "
+                f"sets no mpsReplicas; the quota of {pool.label} assumes {ASSUMED_MPS_REPLICAS} "
+                "MPS replicas per GPU, the least NVIDIA's device plugin accepts: set mpsReplicas "
+                "to the device plugin's sharing.mps.resources[].replicas"
+            )
+        if len({n for _, n in pool.sharers}) > 1:
+            ways = ", ".join(f"{name} {n}" for name, n in pool.sharers)
+            warnings.append(
+                f"{who}: its profiles split a GPU of {pool.label} different ways ({ways}); its "
+                f"quota assumes the most, {pool.slices} per GPU"
+            )
+        if pool.whole and pool.slices and gpus:
+            notes.append(
+                f"{who}: whole-GPU and shared pods both ask for {pool.label}, which counts a "
+                f"whole GPU as one, like a slice: its quota {_text(nominal)} does not stop "
+                "whole-GPU pods at the GPUs meant for them"
+            )
+    warnings += shared_gpus_warnings(tenant, pools)
+    whole = [p for p in pools if p.whole]
+    sharing = [p for p in pools if p.slices]
+    if gpus and len(quotas) > 1 and (shared is None or len(whole) > 1 or len(sharing) > 1):
+        held = ", ".join(_explain(p, n, quota) for p, n in quotas)
+        note = (
+            f"{who}: its quota holds each GPU pool on its own ({held}), so together they may "
+            f"hold more than quota.gpus ({gpus}) GPUs"
+        )
+        if shared is None and whole and sharing:
+            note += "; quota.sharedGpus splits quota.gpus between whole GPUs and shared slices"
+        notes.append(note)
+    return PoolQuotas(quotas, tuple(warnings), tuple(notes))
 
 
 # --- one tenant's queue ---------------------------------------------------------------------
@@ -218,19 +399,26 @@ def _within_cluster_queue(profiles: Sequence[ResolvedProfile]) -> str:
 
 
 def _limits(
-    tenant: Tenant, spec: VolcanoQueueSpec, resource: str, nominal: Decimal
+    tenant: Tenant, spec: VolcanoQueueSpec, pool: GpuPool, nominal: Decimal
 ) -> tuple[Decimal | None, Decimal | None, list[str]]:
+    """A cell's borrowingLimit and lendingLimit. ``capability`` and ``guarantee`` are amounts of
+    the resource they name, as the user wrote them and as Volcano's Queue counts that resource:
+    slices for a shared one (``nvidia.com/gpu.shared``, ``volcano.sh/vgpu-number``), like the
+    cell's nominal quota, so neither is scaled. A resource served by several pools gets the
+    same capability and guarantee in each."""
     warnings: list[str] = []
     borrowing: Decimal | None = None
     lending: Decimal | None = None
+    resource = pool.resource
     if resource in spec.capability:
         capability = quantity_value(spec.capability[resource])
         borrowing = max(capability - nominal, Decimal(0))
         if capability < nominal:
             warnings.append(
                 f"tenant {tenant.name}: queueSpec.capability {resource} {_text(capability)} is "
-                f"below quota.gpus {_text(nominal)}; Kueue cannot hold a ClusterQueue under its "
-                "own nominal quota, so it only stops borrowing (borrowingLimit 0)"
+                f"below the nominal quota of {pool.label} ({_text(nominal)}); Kueue cannot hold "
+                "a ClusterQueue under its own nominal quota, so it only stops borrowing "
+                "(borrowingLimit 0)"
             )
     if resource in spec.guarantee:
         guarantee = quantity_value(spec.guarantee[resource])
@@ -238,8 +426,8 @@ def _limits(
         if guarantee > nominal:
             warnings.append(
                 f"tenant {tenant.name}: queueSpec.guarantee {resource} {_text(guarantee)} is "
-                f"above quota.gpus {_text(nominal)}; a ClusterQueue reserves only its nominal "
-                "quota (lendingLimit 0)"
+                f"above the nominal quota of {pool.label} ({_text(nominal)}); a ClusterQueue "
+                "reserves only its nominal quota (lendingLimit 0)"
             )
     return borrowing, lending, warnings
 
@@ -250,36 +438,22 @@ def tenant_queue(
     """The ClusterQueue content for a tenant's profiles (each with its backend plan), or None
     when the tenant's pods ask for no GPU device count."""
     profiles = list(profiles)
-    cells: dict[tuple[GpuFlavor, str], None] = {}
-    for profile, plan in profiles:
-        flavor = gpu_flavor(profile, plan)
-        for resource in sorted(set(plan.resources) & GPU_COUNT_RESOURCES):
-            cells[(flavor, resource)] = None
-    if not cells:
+    pools = pool_quotas(tenant, profiles)
+    if not pools.quotas:
         return None
     spec = tenant.queue_spec or VolcanoQueueSpec()
-    gpus = tenant.quota.gpus if tenant.quota is not None else None
-    nominal = Decimal(gpus or 0)
-    warnings: list[str] = []
+    warnings = list(pools.warnings)
     quotas: list[FlavorQuota] = []
-    for flavor, resource in sorted(cells, key=lambda c: (FLAVORS.index(c[0]), c[1])):
-        borrowing, lending, said = _limits(tenant, spec, resource, nominal)
+    for pool, nominal in pools.quotas:
+        borrowing, lending, said = _limits(tenant, spec, pool, nominal)
         warnings += [w for w in said if w not in warnings]
-        quotas.append(FlavorQuota(flavor, resource, nominal, borrowing, lending))
-    used = {resource for _, resource in cells}
+        quotas.append(FlavorQuota(pool.flavor, pool.resource, nominal, borrowing, lending))
+    used = {q.resource for q in quotas}
     for field, given in (("capability", spec.capability), ("guarantee", spec.guarantee)):
         for key in sorted(set(given) - used):
             warnings.append(
                 f"tenant {tenant.name}: queueSpec.{field} {key} is not in its ClusterQueue, "
                 f"which counts only the GPU devices its pods ask for ({', '.join(sorted(used))})"
-            )
-    notes: list[str] = []
-    for resource in sorted(used):
-        pools = [q.flavor.name for q in quotas if q.resource == resource]
-        if len(pools) > 1:
-            notes.append(
-                f"tenant {tenant.name}: {resource} is served by {' and '.join(pools)}; "
-                f"its ClusterQueue holds each to quota.gpus ({_text(nominal)}) separately"
             )
     return TenantQueue(
         tenant=tenant,
@@ -288,7 +462,7 @@ def tenant_queue(
         reclaimable=spec.reclaimable,
         within_cluster_queue=_within_cluster_queue([p for p, _ in profiles]),
         warnings=tuple(warnings),
-        notes=tuple(notes),
+        notes=pools.notes,
     )
 
 

@@ -4,7 +4,7 @@ that can never apply (errors; the loader's errors come first)."""
 from __future__ import annotations
 
 from gpuwarden.policy.backends import selects_shared_gpus
-from gpuwarden.policy.kueue import template_charge_errors
+from gpuwarden.policy.kueue import gpu_pools, shared_gpus_warnings, template_charge_errors
 from gpuwarden.policy.model import (
     Backend,
     HamiBackend,
@@ -18,6 +18,7 @@ from gpuwarden.policy.model import (
 )
 from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.precedence import shadowed_rules, tenant_problems
+from gpuwarden.policy.render import tenant_plans
 from gpuwarden.policy.resolved import ResolvedProfile
 from gpuwarden.policy.selectors import selector_matches
 from gpuwarden.policy.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
@@ -70,6 +71,7 @@ def lint_warnings(policies: PolicySet) -> list[str]:
             and limits.gpu_memory_quota is None
         ):
             warnings.append(f"tenant {tenant.name}: no GPU limits or quota are set")
+        warnings += shared_gpus_warnings(tenant, gpu_pools(tenant_plans(policies, tenant)))
         allowed = limits.allowed_profiles
         if allowed is None:
             continue

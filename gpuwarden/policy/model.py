@@ -148,6 +148,16 @@ class VolcanoBackend(_BackendBase):
             "and vgpu-cores at 100, for nodes where only the volcano-vgpu device plugin runs"
         ),
     )
+    # Project-HAMi/volcano-vgpu-device-plugin advertises deviceSplitCount devices per GPU
+    # (pkg/plugin/server.go) from nvidia.deviceSplitCount in its volcano-vgpu-device-config
+    # ConfigMap, 10 in the deployments it ships (doc/config.md, deployments/static/
+    # volcano-vgpu-device-plugin.yml, the chart's values.yaml).
+    device_split_count: int = Field(
+        default=10,
+        ge=1,
+        description="The volcano-vgpu device plugin's nvidia.deviceSplitCount: "
+        "volcano.sh/vgpu-number per GPU, as a tenant's quota of shared GPUs counts them",
+    )
 
 
 class HamiBackend(_BackendBase):
@@ -162,6 +172,16 @@ class HamiBackend(_BackendBase):
         default="default",
         description="HAMi's devices.nvidia.gpuCorePolicy: the GPU_CORE_UTILIZATION_POLICY "
         "value HAMi's webhook writes, the only one gpuwarden admits",
+    )
+    # HAMi's device plugin advertises deviceSplitCount devices per GPU (Project-HAMi/HAMi
+    # pkg/device-plugin/nvidiadevice/nvinternal/plugin/server.go) from nvidia.deviceSplitCount
+    # in the hami-scheduler-device ConfigMap: chart value devicePlugin.deviceSplitCount, 10
+    # (charts/hami/values.yaml, templates/scheduler/device-configmap.yaml).
+    device_split_count: int = Field(
+        default=10,
+        ge=1,
+        description="HAMi's devicePlugin.deviceSplitCount: nvidia.com/gpu per GPU, as a "
+        "tenant's quota of shared GPUs counts them",
     )
 
 
@@ -187,6 +207,16 @@ class NvidiaBackend(_BackendBase):
         description="The device plugin's sharing.mps.failRequestsGreaterThanOne (true unless "
         "its config sets false): a shared container asking for more than one replica is denied; "
         "false gives it the replicas it asks for",
+    )
+    # NVIDIA/k8s-device-plugin api/config/v1/replicas.go (ReplicatedResource.UnmarshalJSON):
+    # sharing.mps.resources[].replicas has no default ("no replicas specified") and must be at
+    # least 2; a node advertises replicas x its GPUs of the shared resource.
+    mps_replicas: int | None = Field(
+        default=None,
+        ge=2,
+        description="The device plugin's sharing.mps.resources[].replicas: replicas per GPU, "
+        "as a tenant's quota of shared GPUs counts them; unset: render warns and assumes 2, "
+        "the least the device plugin accepts",
     )
 
 
@@ -497,9 +527,18 @@ class TenantQuota(StrictModel):
     gpus: int | None = Field(
         default=None,
         ge=0,
-        description="GPU devices the namespace may request at once; charged as "
-        "requests.<count resource> of every backend the tenant's profiles use "
-        "(nvidia.com/gpu, volcano.sh/vgpu-number, nvidia.com/gpu.shared)",
+        description="GPUs the namespace may hold at once; charged as requests.<count "
+        "resource> of every GPU pool the tenant's profiles use (nvidia.com/gpu, "
+        "volcano.sh/vgpu-number, nvidia.com/gpu.shared), a shared pool in slices: GPUs x the "
+        "backend's mpsReplicas or deviceSplitCount",
+    )
+    shared_gpus: int | None = Field(
+        default=None,
+        ge=0,
+        description="How many of gpus the tenant's shared pool serves (MPS replicas, Volcano "
+        "vGPU, HAMi slices), the rest going to whole GPUs: the shared quota is sharedGpus x "
+        "the slices per GPU, the whole-GPU quota gpus - sharedGpus. Unset: each pool gets all "
+        "of gpus",
     )
     hard: dict[str, Quantity] = Field(
         default_factory=dict,
@@ -555,6 +594,19 @@ class Tenant(StrictModel):
             raise ValueError("a tenant needs namespaces or a namespaceSelector")
         if self.queue_spec is not None and not self.queue:
             raise ValueError("queueSpec needs queue: the name of the Volcano queue")
+        quota = self.quota
+        if quota is not None and quota.shared_gpus is not None:
+            shared, gpus = quota.shared_gpus, quota.gpus
+            if gpus is None:
+                raise ValueError(
+                    f"tenant {self.name}: quota.sharedGpus needs quota.gpus, the GPUs it is a "
+                    "part of"
+                )
+            if shared > gpus:
+                raise ValueError(
+                    f"tenant {self.name}: quota.sharedGpus {shared} is more than quota.gpus "
+                    f"{gpus}; it is the part of quota.gpus the shared pool serves"
+                )
         return self
 
 

@@ -35,11 +35,10 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from gpuwarden.policy import keys, kueue
-from gpuwarden.policy.backends import VOLCANO_QUEUE_ANNOTATION, plan_for
+from gpuwarden.policy.backends import VOLCANO_QUEUE_ANNOTATION, BackendPlan, plan_for
 from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
 from gpuwarden.policy.policyset import PolicySet
 from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuwarden"}
 ANNOTATION_RENDERED_FROM = "gpuwarden.io/rendered-from"
@@ -88,6 +87,9 @@ class _Out:
     def note(self, text: str) -> None:
         if text not in self.notes:
             self.notes.append(text)
+
+    def warn(self, *texts: str) -> None:
+        self.warnings += [text for text in texts if text not in self.warnings]
 
 
 def render(policies: PolicySet, options: RenderOptions | None = None) -> Rendering:
@@ -205,13 +207,18 @@ def tenant_profiles(policies: PolicySet, tenant: Tenant) -> list[ResolvedProfile
     return [policies.resolve(name, tenant) for name in names]
 
 
+def tenant_plans(policies: PolicySet, tenant: Tenant) -> list[tuple[ResolvedProfile, BackendPlan]]:
+    """The tenant's profiles that give GPUs, each with its backend plan."""
+    return [
+        (profile, plan_for(profile, queue=tenant.queue))
+        for profile in tenant_profiles(policies, tenant)
+        if profile.gpus > 0
+    ]
+
+
 def tenant_gpu_resources(policies: PolicySet, tenant: Tenant) -> set[str]:
     """The extended resources the backends put on this tenant's GPU containers."""
-    found: set[str] = set()
-    for profile in tenant_profiles(policies, tenant):
-        if profile.gpus > 0:
-            found.update(plan_for(profile, queue=tenant.queue).resources)
-    return found
+    return {resource for _, plan in tenant_plans(policies, tenant) for resource in plan.resources}
 
 
 def mebibytes_ceil(amount: Decimal) -> int:
@@ -243,6 +250,11 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     GPU count) admits, and the webhook stays the exact check. On HAMi the same limit also goes
     to ``limits.nvidia.com/gpumem``, which HAMi's scheduler charges per device, and a GPU quota
     to ``limits.nvidia.com/gpucores`` (100 per GPU).
+
+    ``quota.gpus`` goes to ``requests.<count resource>`` as a ClusterQueue's nominal quotas
+    (:func:`kueue.pool_quotas`): a shared pool in slices (GPUs x the backend's slices per GPU),
+    split by ``quota.sharedGpus``; the pools that share a resource name add up, since the API
+    server cannot tell them apart.
     """
     hard: dict[str, str] = {}
     resources = tenant_gpu_resources(policies, tenant)
@@ -255,8 +267,9 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
             hard["limits.nvidia.com/gpumem"] = str(mib)
     if tenant.quota is not None:
         if tenant.quota.gpus is not None:
-            for resource in sorted(resources & GPU_COUNT_RESOURCES):
-                hard[f"requests.{resource}"] = str(tenant.quota.gpus)
+            pools = kueue.pool_quotas(tenant, tenant_plans(policies, tenant))
+            for resource, amount in sorted(pools.by_resource().items()):
+                hard[f"requests.{resource}"] = str(int(amount))
             if "nvidia.com/gpucores" in resources:
                 hard["limits.nvidia.com/gpucores"] = str(100 * tenant.quota.gpus)
         hard.update(tenant.quota.hard)
@@ -290,6 +303,11 @@ def _resource_quotas(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for tenant in policies.tenants:
         hard = tenant_quota_hard(policies, tenant)
+        if tenant.quota is not None and tenant.quota.gpus is not None and tenant.namespaces:
+            pools = kueue.pool_quotas(tenant, tenant_plans(policies, tenant))
+            out.warn(*pools.warnings)
+            for note in pools.notes:
+                out.note(note)
         if tenant.limits.max_gpus_per_pod is not None:
             out.note(
                 f"tenant {tenant.name}: limits.maxGpusPerPod is enforced by the validating "
@@ -485,12 +503,7 @@ def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     for tenant in policies.tenants:
         if tenant.quota is None and tenant.queue_spec is None:
             continue
-        profiles = [
-            (profile, plan_for(profile, queue=tenant.queue))
-            for profile in tenant_profiles(policies, tenant)
-            if profile.gpus > 0
-        ]
-        queue = kueue.tenant_queue(tenant, profiles)
+        queue = kueue.tenant_queue(tenant, tenant_plans(policies, tenant))
         if queue is None:
             out.note(f"tenant {tenant.name}: its profiles give no GPU, so it gets no ClusterQueue")
             continue
@@ -499,7 +512,7 @@ def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
                 f"tenant {tenant.name}: its pods are queued by Volcano's Queue as well; with "
                 "Kueue they would wait in two queues (use one of them)"
             )
-        out.warnings += queue.warnings
+        out.warn(*queue.warnings)
         for note in queue.notes:
             out.note(note)
         queues.append(queue)

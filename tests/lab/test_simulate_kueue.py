@@ -207,11 +207,24 @@ def test_tenant_queue_figures_and_their_table() -> None:
     assert "50%/75% 1/1" in text
 
 
-def test_borrowing_counts_whole_gpus_and_mps_slices_against_the_quota_each() -> None:
+@pytest.mark.parametrize(
+    ("quota", "shared", "borrowed_hours"),
+    [
+        # No sharedGpus: each pool holds the whole quota of 1 GPU; the whole GPU is its own,
+        # and of the 8 slices (a quarter GPU each, 2 GPUs) 1 GPU's worth is borrowed.
+        (1, None, 1.0),
+        # Quota 3, 1 of it on MPS: the whole GPU fits the 2 left, 1 GPU of slices is borrowed.
+        (3, 1, 1.0),
+        # Quota 3, all of it on MPS: the 2 GPUs of slices fit, the whole GPU is borrowed.
+        (3, 3, 1.0),
+        # Quota 3, 2 on MPS: both fit.
+        (3, 2, 0.0),
+    ],
+)
+def test_borrowing_counts_whole_gpus_and_mps_slices_against_their_part_of_the_quota(
+    quota: int, shared: int | None, borrowed_hours: float
+) -> None:
     hour = 3600.0
-    # Quota 1: one whole GPU is its own; of 8 slices (a quarter GPU each) 7 are borrowed, as
-    # Kueue counts them (both resources get the tenant's quota.gpus), though the 3 GPUs it
-    # holds would fit a quota of 3.
     records = [
         PodRecord("w", "a", 1, 0.0, whole=1, gpus=1.0, bound=0.0, ended=hour),
         PodRecord("s", "a", 2, 0.0, slices=8, gpus=2.0, bound=0.0, ended=hour),
@@ -224,7 +237,9 @@ def test_borrowing_counts_whole_gpus_and_mps_slices_against_the_quota_each() -> 
         horizon=hour,
         allocated=[(0.0, 3.0)],
         busy=[(0.0, 1.0)],
-        quotas={"a": 1},
+        quotas={"a": quota},
+        shared_quotas=None if shared is None else {"a": shared},
     )
-    assert report.queues["a"]["borrowedGpuHours"] == 1.75
+    assert report.queues["a"]["borrowedGpuHours"] == borrowed_hours
     assert report.queues["a"]["receivedShare"] == [0.75]
+    assert report.queues["a"].get("nominalSharedGpus") == shared
