@@ -174,13 +174,17 @@ LITERALS: Mapping[str, Literal | None] = {
         kept_env=("NB_PREFIX",),
     ),
     "kserve-predictor": Literal(
-        "inference-whole",
+        "inference",
         "kserve-container",
-        {"nvidia.com/gpu": "1"},
-        "gpuwarden-inference-whole",
+        {
+            "volcano.sh/vgpu-number": "1",
+            "volcano.sh/vgpu-memory": "20480",
+            "volcano.sh/vgpu-cores": "50",
+        },
+        "gpuwarden-inference",
         300,
         "PreemptLowerPriority",
-        {"gpuwarden.io/gpu-memory-limit": "80Gi"},
+        {"gpuwarden.io/gpu-memory-limit": "20Gi", "gpuwarden.io/gpu-shared": "true"},
         kept_env=("PORT", "STORAGE_URI"),
     ),
 }

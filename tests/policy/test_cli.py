@@ -40,7 +40,7 @@ def write(path: Path, obj: Any) -> Path:
 def test_lint_clean_policies(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "lint", str(POLICIES))
     assert code == 0
-    assert out.startswith("ok: 1 policies, 11 profiles, 11 rules, 3 tenants, ")
+    assert out.startswith("ok: 1 policies, 11 profiles, 13 rules, 3 tenants, ")
     assert "Traceback" not in err
 
 
@@ -109,7 +109,7 @@ def test_apply_yaml_is_the_default(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = apply(capsys, str(EXAMPLES / "kserve-predictor.yaml"))
     assert code == 0
     (pod,) = list(yaml.safe_load_all(out))
-    assert pod["spec"]["priorityClassName"] == "gpuwarden-inference-whole"
+    assert pod["spec"]["priorityClassName"] == "gpuwarden-inference"
 
 
 def test_apply_patch_is_the_rfc6902_patch(capsys: pytest.CaptureFixture[str]) -> None:

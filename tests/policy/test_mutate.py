@@ -58,10 +58,14 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
         ),
         (
             "kserve-predictor",
-            "inference-whole",
+            "inference",
             "kserve-container",
-            {"nvidia.com/gpu": "1"},
-            ("gpuwarden-inference-whole", 300),
+            {
+                "volcano.sh/vgpu-number": "1",
+                "volcano.sh/vgpu-memory": "20480",
+                "volcano.sh/vgpu-cores": "50",
+            },
+            ("gpuwarden-inference", 300),
             "PreemptLowerPriority",
         ),
         (
@@ -224,7 +228,7 @@ workloads:
 
 def test_priority_class_known_to_the_cluster_wins(default_policies: PolicySet) -> None:
     cluster = ClusterView(
-        priority_classes={"gpuwarden-inference-whole": PriorityClassInfo(4242, "Never")}
+        priority_classes={"gpuwarden-inference": PriorityClassInfo(4242, "Never")}
     )
     out = mutated(example("kserve-predictor"), default_policies, cluster)
     assert (out["spec"]["priority"], out["spec"]["preemptionPolicy"]) == (4242, "Never")

@@ -297,7 +297,7 @@ def test_llm_inference_service_keeps_whole_gpus_at_serving_priority(
     assert result.allowed
     assert (result.mutation.profile, result.mutation.rule) == (
         "inference-whole",
-        "rule/kserve-predictors",
+        "rule/llm-model-servers",
     )
     patched = dict(result.pod)
     assert patched["spec"]["priority"] == 300
