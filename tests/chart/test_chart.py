@@ -597,6 +597,53 @@ def test_rendered_objects_pass_through_the_chart(
     }
 
 
+_QUEUED_POLICY = """\
+apiVersion: gpuwarden.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: queued}
+spec:
+  backend: {type: nvidia, sharedResourceName: nvidia.com/gpu.shared, mpsReplicas: 4}
+  profiles:
+    - {name: notebook, maxMemory: 16Gi, priority: 100}
+    - {name: training, gpuShare: false, priority: 200}
+  workloads:
+    - {name: notebooks, match: {kind: notebook}, profile: notebook}
+    - {name: jobs, match: {kind: training-job}, profile: training, requireGpuRequest: true}
+  tenants:
+    - {name: vision, namespaces: [vision], queue: vision, quota: {gpus: 8, sharedGpus: 2}, queueSpec: {weight: 2}}
+"""
+
+
+def test_kueue_objects_pass_through_the_chart_only_when_rendered_for_kueue(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "queued.yaml"
+    policy.write_text(_QUEUED_POLICY)
+    capsys.readouterr()
+    assert gpuwarden(["render", "-p", str(policy), "--no-priority-classes", "--kueue"]) == 0
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(capsys.readouterr().out)
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({"policies": {"queued.yaml": _QUEUED_POLICY}}))
+    chart = template([values], {"kueue.enabled": "true"}, {"renderedObjects": rendered})
+    queue = chart.one("ClusterQueue", "vision")
+    quotas = {
+        (group["flavors"][0]["name"], resource["name"]): resource["nominalQuota"]
+        for group in queue["spec"]["resourceGroups"]
+        for resource in group["flavors"][0]["resources"]
+    }
+    assert sorted(quotas.values()) == ["6", "8"]  # 6 whole GPUs, 2 GPUs of 4 MPS replicas
+    assert "LocalQueue" in chart.kinds()
+    capsys.readouterr()
+    assert gpuwarden(["render", "-p", str(policy), "--no-priority-classes"]) == 0
+    rendered.write_text(capsys.readouterr().out)
+    args = ["template", "r", str(CHART), "-f", str(values), "--set", "kueue.enabled=true"]
+    refused = run_helm(*args, "--set-file", f"renderedObjects={rendered}", check=False)
+    assert refused.returncode != 0
+    assert "kueue.enabled is true, but renderedObjects holds no ClusterQueue" in refused.stderr
+    assert "gpuwarden render --kueue" in refused.stderr
+
+
 def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering]) -> None:
     from gpuwarden.webhook.metrics import Metrics
 

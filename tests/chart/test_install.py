@@ -341,6 +341,10 @@ def test_notes_say_the_tenant_objects_are_a_second_step(tmp_path: Path) -> None:
     given = _notes("-f", values, "--set-file", f"renderedObjects={rendered}")
     assert "NOT INSTALLED YET" not in given
     assert "--set-file renderedObjects=rendered.yaml" in given
+    assert "--kueue" not in given
+    queued = _notes("-f", values, "--set", "kueue.enabled=true")
+    assert "Kueue's ClusterQueues, LocalQueues and ResourceFlavors of the policies' 2" in queued
+    assert "render --policies policies.yaml --no-priority-classes --kueue > rendered.yaml" in queued
 
 
 def test_notes_say_monitoring_is_off_and_what_it_needs(default_notes: str) -> None:
