@@ -86,6 +86,56 @@ def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path
     assert governed["waitResolutionSeconds"] < 15 * 60
 
 
+# Two nodes of 2 GPUs; the default policy's sizing gets 1 MPS node (4 replicas per GPU). Four
+# one-GPU Katib trials and a one-GPU predictor arrive at once, a 2-GPU PyTorchJob an hour later.
+# The default policy shares the light ones (trials under a 25% SM cap, the predictor under 50%):
+# five slices of one node, so the job finds the other node whole. Without governance the five
+# take four whole GPUs: one waits, and the job never starts.
+LIGHT_WORK_TRACE = """\
+rows:
+  - {at: 0, namespace: batch, kind: katib-trial, name: hpo, gpus: 1, duration: 10h, memory: 20Gi}
+  - {at: 0, namespace: batch, kind: katib-trial, name: hpo, gpus: 1, duration: 10h, memory: 20Gi}
+  - {at: 0, namespace: batch, kind: katib-trial, name: hpo, gpus: 1, duration: 10h, memory: 20Gi}
+  - {at: 0, namespace: batch, kind: katib-trial, name: hpo, gpus: 1, duration: 10h, memory: 20Gi}
+  - {at: 0, namespace: serving, kind: kserve-predictor, name: chat, gpus: 1, duration: 4h, memory: 12Gi}
+  - {at: 1h, namespace: algo-team, kind: training-job, name: experiment, gpus: 2, duration: 2h, memory: 40Gi}
+"""
+
+
+def test_default_policy_shares_light_work_and_keeps_a_node_whole(
+    e2e_tools: Tools, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(LIGHT_WORK_TRACE)
+    layout = ["--nodes=2", "--gpus-per-node=2", "--mps-nodes=auto", "--horizon=4h"]
+    result = subprocess.run(
+        _simulate(
+            f"--trace={trace}",
+            "--only=no-governance,default-policy",
+            "--real-time=20",
+            "-o",
+            "json",
+            *layout,
+        ),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    reports = {s["strategy"]: s for s in json.loads(result.stdout)["strategies"]}
+    free, default = reports["no-governance"], reports["default-policy"]
+    assert any("MPS nodes sized to its shared demand: 1" in note for note in default["notes"])
+    assert (default["neverPlaced"], default["preemptions"], default["refused"]) == (0, 0, 0)
+    assert default["waitSecondsByKind"]["training-job"]["p95"] < 30 * 60
+    assert default["waitSecondsByKind"]["kserve-predictor"]["p95"] < 30 * 60
+    assert default["tenants"]["algo-team"]["deliveredGpuHours"] == pytest.approx(4, abs=0.2)
+    # Four whole GPUs for five one-GPU pods: one of them and the job never get in.
+    assert (free["neverPlaced"], free["preemptions"]) == (2, 0)
+    assert free["tenants"]["algo-team"]["deliveredGpuHours"] == 0
+
+
 def _descendants(pid: int) -> set[int]:
     """Processes whose parent chain reaches ``pid`` (from /proc)."""
     parents: dict[int, int] = {}
