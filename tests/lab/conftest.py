@@ -7,7 +7,10 @@ their pods, which those suites expect to stay unscheduled.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +21,7 @@ from e2e.webhook import KUBEFLOW_PROFILE_LABELS, WebhookStack, plane_webhook_sta
 from kubernetes import client as k8s_client
 
 from gpuwarden.lab.cluster import SchedulingLab, lab_control_plane, running_lab
-from gpuwarden.lab.controlplane import ControlPlane, Tools
+from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlane, Tools
 from gpuwarden.lab.nodes import GpuNodePool
 
 LAB_POLICIES = Path(__file__).resolve().parent / "policies"
@@ -84,3 +87,19 @@ def lab(
     finally:
         scheduling_lab.remove_nodes(api)
         api.close()  # type: ignore[no-untyped-call]
+
+
+def simulate_json(*args: str, timeout: float = 180) -> dict[str, Any]:
+    """`gpuwarden simulate ARGS -o json` run as a user would; its JSON, once it exited cleanly."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "simulate", *args, "-o", "json"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, "the labs' shutdown is quiet"
+    body: dict[str, Any] = json.loads(result.stdout)
+    return body

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -14,7 +13,7 @@ from e2e.webhook import wait_for
 
 from gpuwarden.lab.controlplane import REPO_ROOT, Tools
 
-from .conftest import LAB_POLICIES
+from .conftest import LAB_POLICIES, simulate_json
 
 pytestmark = pytest.mark.e2e
 
@@ -39,25 +38,13 @@ def _simulate(*args: str) -> list[str]:
 def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path: Path) -> None:
     trace = tmp_path / "trace.yaml"
     trace.write_text(TRACE)
-    result = subprocess.run(
-        _simulate(
-            f"--trace={trace}",
-            f"--policies=lab={LAB_POLICIES}",
-            "--only=no-governance,lab",
-            "--real-time=20",
-            "-o",
-            "json",
-            *LAYOUT,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO_ROOT,
-        check=False,
+    body = simulate_json(
+        f"--trace={trace}",
+        f"--policies=lab={LAB_POLICIES}",
+        "--only=no-governance,lab",
+        "--real-time=20",
+        *LAYOUT,
     )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr, "the labs' shutdown is quiet"
-    body = json.loads(result.stdout)
     # 2 trials x 10 h + the predictor's 2 h; 5 GPUs asked at once on 2.
     assert (body["offeredGpuHours"], body["peakDemand"]) == (22, 1.5)
     reports = {s["strategy"]: s for s in body["strategies"]}
@@ -108,23 +95,10 @@ def test_default_policy_shares_light_work_and_keeps_a_node_whole(
     trace = tmp_path / "trace.yaml"
     trace.write_text(LIGHT_WORK_TRACE)
     layout = ["--nodes=2", "--gpus-per-node=2", "--mps-nodes=auto", "--horizon=4h"]
-    result = subprocess.run(
-        _simulate(
-            f"--trace={trace}",
-            "--only=no-governance,default-policy",
-            "--real-time=20",
-            "-o",
-            "json",
-            *layout,
-        ),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=REPO_ROOT,
-        check=False,
+    body = simulate_json(
+        f"--trace={trace}", "--only=no-governance,default-policy", "--real-time=20", *layout
     )
-    assert result.returncode == 0, result.stderr
-    reports = {s["strategy"]: s for s in json.loads(result.stdout)["strategies"]}
+    reports = {s["strategy"]: s for s in body["strategies"]}
     free, default = reports["no-governance"], reports["default-policy"]
     assert any("MPS nodes sized to its shared demand: 1" in note for note in default["notes"])
     assert (default["neverPlaced"], default["preemptions"], default["refused"]) == (0, 0, 0)

@@ -4,20 +4,17 @@ it got, what it borrowed and what reclaim cost it."""
 
 from __future__ import annotations
 
-import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from gpuwarden.lab.controlplane import REPO_ROOT, Tools
+from gpuwarden.lab.controlplane import Tools
 from gpuwarden.lab.kueue import preemption_reason
 from gpuwarden.lab.report import PodRecord, summarize, table
 from gpuwarden.lab.strategies import entitled_quotas
 
-from .conftest import LAB_POLICIES
+from .conftest import LAB_POLICIES, simulate_json
 
 # One node of 4 GPUs; the batch and algo teams ask for 8 GPU-hours each, so each is entitled
 # to 2 GPUs. The batch team's four one-GPU trials (2 h, no checkpoints) find the cluster idle
@@ -53,30 +50,15 @@ def test_tenant_queues_reclaim_borrowed_gpus_and_report_each_tenants_share(
     trace = tmp_path / "trace.yaml"
     trace.write_text(TRACE)
     plot = tmp_path / "shares.png"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpuwarden",
-            "simulate",
-            f"--trace={trace}",
-            f"--policies=lab={LAB_POLICIES}",
-            "--only=lab,lab+kueue",
-            "--real-time=20",
-            "-o",
-            "json",
-            f"--plot={plot}",
-            *LAYOUT,
-        ],
-        capture_output=True,
-        text=True,
+    body = simulate_json(
+        f"--trace={trace}",
+        f"--policies=lab={LAB_POLICIES}",
+        "--only=lab,lab+kueue",
+        "--real-time=20",
+        f"--plot={plot}",
+        *LAYOUT,
         timeout=240,
-        cwd=REPO_ROOT,
-        check=False,
     )
-    assert result.returncode == 0, result.stderr
-    assert "Traceback" not in result.stderr
-    body = json.loads(result.stdout)
     reports = {s["strategy"]: s for s in body["strategies"]}
     plain, queued = reports["lab"], reports["lab+kueue"]
     assert plain["tenantQueues"] == {}
