@@ -29,7 +29,7 @@ What each object is for, and what it deliberately is not:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
@@ -216,11 +216,6 @@ def tenant_plans(policies: PolicySet, tenant: Tenant) -> list[tuple[ResolvedProf
     ]
 
 
-def tenant_gpu_resources(policies: PolicySet, tenant: Tenant) -> set[str]:
-    """The extended resources the backends put on this tenant's GPU containers."""
-    return {resource for _, plan in tenant_plans(policies, tenant) for resource in plan.resources}
-
-
 def mebibytes_ceil(amount: Decimal) -> int:
     return int((amount / _MIB).to_integral_value(rounding=ROUND_CEILING))
 
@@ -256,8 +251,19 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     split by ``quota.sharedGpus``; the pools that share a resource name add up, since the API
     server cannot tell them apart.
     """
+    plans = tenant_plans(policies, tenant)
+    return _quota_hard(policies, tenant, plans, kueue.pool_quotas(tenant, plans))
+
+
+def _quota_hard(
+    policies: PolicySet,
+    tenant: Tenant,
+    plans: Sequence[tuple[ResolvedProfile, BackendPlan]],
+    pools: kueue.PoolQuotas,
+) -> dict[str, str]:
+    """:func:`tenant_quota_hard` from the tenant's plans and pool quotas, computed once."""
     hard: dict[str, str] = {}
-    resources = tenant_gpu_resources(policies, tenant)
+    resources = {resource for _, plan in plans for resource in plan.resources}
     quota = tenant.limits.gpu_memory_quota
     if quota is not None:
         mib = mebibytes_ceil(quantity_value(quota) * _largest_ratio(policies, tenant))
@@ -267,7 +273,6 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
             hard["limits.nvidia.com/gpumem"] = str(mib)
     if tenant.quota is not None:
         if tenant.quota.gpus is not None:
-            pools = kueue.pool_quotas(tenant, tenant_plans(policies, tenant))
             for resource, amount in sorted(pools.by_resource().items()):
                 hard[f"requests.{resource}"] = str(int(amount))
             if "nvidia.com/gpucores" in resources:
@@ -302,9 +307,10 @@ def _tenant_policy(policies: PolicySet, tenant: Tenant) -> str:
 def _resource_quotas(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for tenant in policies.tenants:
-        hard = tenant_quota_hard(policies, tenant)
+        plans = tenant_plans(policies, tenant)
+        pools = kueue.pool_quotas(tenant, plans)
+        hard = _quota_hard(policies, tenant, plans, pools)
         if tenant.quota is not None and tenant.quota.gpus is not None and tenant.namespaces:
-            pools = kueue.pool_quotas(tenant, tenant_plans(policies, tenant))
             out.warn(*pools.warnings)
             for note in pools.notes:
                 out.note(note)
