@@ -155,6 +155,54 @@ def _judge(rule: WorkloadRule, facts: PodFacts) -> MatchResult:
     return result
 
 
+def _recorded_rule(
+    pod: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    facts: PodFacts,
+    policies: PolicySet,
+    tenant: Tenant | None,
+    workload: Workload | None,
+) -> int | None:
+    """The index of the rule gpuwarden recorded on the pod, where the count its profile fixed is
+    what moved the pod across a rule's GPU-count condition.
+
+    A profile or tenant override that sets ``gpus`` changes what the pod asks for: a step given 8
+    GPUs by its tenant no longer matches the rule for steps of at most 4 that chose it, and
+    re-resolving it on reinvocation or validation would pick another rule and contradict the
+    patch. The recorded rule is kept only where it matches the pod but for its count condition,
+    its profile (as the tenant gets it) fixes a count, and every container it gives GPUs to has
+    exactly that count: all a forged record can choose is what asking for that count would
+    give.
+    """
+    origin = annotations.get(keys.ANNOTATION_RULE, "")
+    name = origin.removeprefix("rule/")
+    if not origin.startswith("rule/") or not name:
+        return None
+    index = next((i for i, (rule, _) in enumerate(policies.rules) if rule.name == name), None)
+    if index is None:
+        return None
+    rule = policies.rules[index][0]
+    if (
+        rule.skip
+        or rule.profile is None
+        or annotations.get(keys.ANNOTATION_PROFILE) != rule.profile
+    ):
+        return None
+    if not may_match(rule.match, facts) or not match(rule.match, facts).matched:
+        return None
+    profile = policies.grant(rule.profile, tenant).profile
+    if profile.gpus_set_by is None or not profile.gpus:
+        return None
+    chosen = target_containers(pod, rule, workload, profile)
+    refs = {ref.name: ref for ref in containers(pod, "containers")}
+    try:
+        if not chosen or any(refs[name].asked_gpus() != profile.gpus for name in chosen):
+            return None
+    except QuantityError:
+        return None
+    return index
+
+
 def _tenant(
     policies: PolicySet, namespace: str, labels: Mapping[str, str]
 ) -> tuple[Tenant | None, str]:
@@ -325,6 +373,9 @@ def place(
         return placed("label", None, profile_name, (problem,) if problem else ())
 
     rules = policies.rules
+    kept = _recorded_rule(pod, annotations, facts, policies, tenant, workload)
+    if kept is not None:
+        return placed("rule", rules[kept][0], rules[kept][0].profile, tried=kept + 1)
     for index, (first, _policy) in enumerate(rules):
         if not may_match(first.match, facts) or not _judge(first, facts).matched:
             continue

@@ -286,13 +286,17 @@ def test_tenant_overrides_apply_in_tenant_a(gpuwarden: WebhookStack) -> None:
 
 
 @pytest.mark.parametrize(
-    ("file", "container", "gpus"),
-    [("pytorchjob-worker-8-gpus.yaml", "pytorch", "8"), ("trainjob-node-4-gpus.yaml", "node", "4")],
+    ("file", "container", "gpus", "profile"),
+    [
+        ("pytorchjob-worker-8-gpus.yaml", "pytorch", "8", "heavy-training-node"),
+        ("trainjob-node-4-gpus.yaml", "node", "4", "heavy-training"),
+    ],
 )
 def test_a_training_job_keeps_the_gpus_it_asks_for(
-    gpuwarden: WebhookStack, file: str, container: str, gpus: str
+    gpuwarden: WebhookStack, file: str, container: str, gpus: str, profile: str
 ) -> None:
-    """heavy-training sets no count, so torchrun's 8 (or 4) ranks get their 8 (or 4) GPUs.
+    """heavy-training and heavy-training-node (more than 4 GPUs, ranked above) set no count,
+    so torchrun's 8 (or 4) ranks get their 8 (or 4) GPUs.
 
     In tenant-a (at most 8 GPUs a pod), as a server-side dry run: the API server runs both
     webhooks and returns the pod as it would store it, and the 640Gi of GPU memory an 8-GPU
@@ -308,7 +312,7 @@ def test_a_training_job_keeps_the_gpus_it_asks_for(
     assert resources["limits"]["nvidia.com/gpu"] == gpus
     assert resources["requests"]["nvidia.com/gpu"] == gpus
     assert pod_annotations(stored)["gpuwarden.io/gpu-count"] == gpus
-    assert pod_annotations(stored)["gpuwarden.io/profile"] == "heavy-training"
+    assert pod_annotations(stored)["gpuwarden.io/profile"] == profile
     assert f"gpuwarden: {container}: {gpus} whole GPU(s) on volcano" in created.warnings
     assert_matches_policy_core(stored, expected)
 

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2e.webhook import wait_for
@@ -73,6 +74,26 @@ def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path
     assert governed["waitResolutionSeconds"] < 15 * 60
 
 
+def _beside_no_governance(
+    tmp_path: Path, rows: str, *, gpus_per_node: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """No governance's and the default policy's reports of the trace, replayed in one run on two
+    nodes (MPS nodes sized by the default policy's shared demand) for 4 hours."""
+    trace = tmp_path / "trace.yaml"
+    trace.write_text(rows)
+    body = simulate_json(
+        f"--trace={trace}",
+        "--only=no-governance,default-policy",
+        "--real-time=20",
+        "--nodes=2",
+        f"--gpus-per-node={gpus_per_node}",
+        "--mps-nodes=auto",
+        "--horizon=4h",
+    )
+    reports = {s["strategy"]: s for s in body["strategies"]}
+    return reports["no-governance"], reports["default-policy"]
+
+
 # Two nodes of 2 GPUs; the default policy's sizing gets 1 MPS node (4 replicas per GPU). Four
 # one-GPU Katib trials and a one-GPU predictor arrive at once, a 2-GPU PyTorchJob an hour later.
 # The default policy shares the light ones (trials under a 25% SM cap, the predictor under 50%):
@@ -92,14 +113,7 @@ rows:
 def test_default_policy_shares_light_work_and_keeps_a_node_whole(
     e2e_tools: Tools, tmp_path: Path
 ) -> None:
-    trace = tmp_path / "trace.yaml"
-    trace.write_text(LIGHT_WORK_TRACE)
-    layout = ["--nodes=2", "--gpus-per-node=2", "--mps-nodes=auto", "--horizon=4h"]
-    body = simulate_json(
-        f"--trace={trace}", "--only=no-governance,default-policy", "--real-time=20", *layout
-    )
-    reports = {s["strategy"]: s for s in body["strategies"]}
-    free, default = reports["no-governance"], reports["default-policy"]
+    free, default = _beside_no_governance(tmp_path, LIGHT_WORK_TRACE, gpus_per_node=2)
     assert any("MPS nodes sized to its shared demand: 1" in note for note in default["notes"])
     assert (default["neverPlaced"], default["preemptions"], default["refused"]) == (0, 0, 0)
     assert default["waitSecondsByKind"]["training-job"]["p95"] < 30 * 60
@@ -108,6 +122,35 @@ def test_default_policy_shares_light_work_and_keeps_a_node_whole(
     # Four whole GPUs for five one-GPU pods: one of them and the job never get in.
     assert (free["neverPlaced"], free["preemptions"]) == (2, 0)
     assert free["tenants"]["algo-team"]["deliveredGpuHours"] == 0
+
+
+# Two nodes of 8 GPUs, each held by two 4-GPU PyTorchJobs (checkpoints every 30 minutes) for
+# longer than the replay; an hour in, an 8-GPU job arrives for two hours. The default policy ranks
+# training of more than 4 GPUs above smaller training: the scheduler preempts the two jobs of one
+# node for it, and they are recreated and wait. Without governance it waits for a node that never
+# comes free.
+WHOLE_NODE_TRACE = """\
+rows:
+  - {at: 0, namespace: algo-team, kind: training-job, name: small, gpus: 4, duration: 10h, memory: 40Gi, checkpoint: 30m}
+  - {at: 0, namespace: algo-team, kind: training-job, name: small, gpus: 4, duration: 10h, memory: 40Gi, checkpoint: 30m}
+  - {at: 0, namespace: algo-team, kind: training-job, name: small, gpus: 4, duration: 10h, memory: 40Gi, checkpoint: 30m}
+  - {at: 0, namespace: algo-team, kind: training-job, name: small, gpus: 4, duration: 10h, memory: 40Gi, checkpoint: 30m}
+  - {at: 1h, namespace: data-team, kind: training-job, name: large, gpus: 8, duration: 2h, memory: 60Gi, checkpoint: 1h}
+"""
+
+
+def test_default_policy_lets_a_whole_node_job_preempt_smaller_training(
+    e2e_tools: Tools, tmp_path: Path
+) -> None:
+    free, default = _beside_no_governance(tmp_path, WHOLE_NODE_TRACE, gpus_per_node=8)
+    # One node's two 4-GPU jobs make room; they come back once the 8-GPU job is done.
+    assert (default["preemptions"], default["neverPlaced"], default["refused"]) == (2, 0, 0)
+    assert default["waitSeconds"]["data-team"]["p95"] < 30 * 60
+    assert default["tenants"]["data-team"]["deliveredGpuHours"] == pytest.approx(16, abs=0.5)
+    # The victims lose at most the half hour since their last checkpoint.
+    assert 0 < default["lostGpuHours"] <= 2 * 4 * 0.5 + 0.1
+    assert (free["preemptions"], free["neverPlaced"]) == (0, 1)
+    assert free["tenants"]["data-team"]["deliveredGpuHours"] == 0
 
 
 def _descendants(pid: int) -> set[int]:

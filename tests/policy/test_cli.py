@@ -40,7 +40,7 @@ def write(path: Path, obj: Any) -> Path:
 def test_lint_clean_policies(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "lint", str(POLICIES))
     assert code == 0
-    assert out.startswith("ok: 1 policies, 11 profiles, 13 rules, 3 tenants, ")
+    assert out.startswith("ok: 1 policies, 13 profiles, 17 rules, 3 tenants, ")
     assert "Traceback" not in err
 
 

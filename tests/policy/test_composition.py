@@ -99,7 +99,7 @@ def test_lint_passes_the_default_alone_and_with_the_team_file(
     assert out.startswith("ok: 1 policies, ")
     code, out, err = run(capsys, "lint", str(DEFAULT), str(TEAM))
     assert (code, "error:" in err) == (0, False)
-    assert out.startswith("ok: 2 policies, 11 profiles, 14 rules, 4 tenants, ")
+    assert out.startswith("ok: 2 policies, 13 profiles, 18 rules, 4 tenants, ")
 
 
 def test_explain_says_which_tenant_and_rule_won_and_what_they_beat(

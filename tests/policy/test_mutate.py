@@ -513,3 +513,43 @@ tenants: [{name: team, namespaces: [team]}]
     first["metadata"]["labels"]["katib.kubeflow.org/trial"] = "t"  # Katib's webhook, after ours
     result = admit(create(first), policies, ClusterView())
     assert result.allowed, result.validation.message
+
+
+def test_a_count_set_by_the_tenant_keeps_the_rule_that_chose_it(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """tenant-a's override gives a 1-GPU train step 8 GPUs; re-admitted, the pod asks for 8, past
+    the rule for steps of at most 4 that chose it, and keeps that rule and its priority."""
+    once = mutated(example("kfp-train-step"), default_policies, cluster)
+    assert container(once, "main")["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert once["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
+    assert once["spec"]["priority"] == 200
+    assert mutate(create(once), default_policies, cluster).patch == ()
+    assert admit(create(once), default_policies, cluster).allowed
+
+
+def _forged(pod: dict[str, Any], rule: str, profile: str) -> dict[str, Any]:
+    pod["metadata"].setdefault("annotations", {}).update(
+        {"gpuwarden.io/rule": f"rule/{rule}", "gpuwarden.io/profile": profile}
+    )
+    return pod
+
+
+def test_a_recorded_rule_is_kept_only_for_the_count_its_profile_fixes(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A forged record gets a pod nothing that asking for another count would not."""
+    worker = example("pytorchjob-worker")
+    worker["metadata"]["namespace"] = "kubeflow-user-carol"
+    container(worker, "pytorch")["resources"] = {"limits": {"nvidia.com/gpu": "4"}}
+    # heavy-training-node sets no count: the record is not what decides.
+    out = mutated(
+        _forged(worker, "training-jobs-node", "heavy-training-node"), default_policies, cluster
+    )
+    assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "heavy-training"
+    assert out["spec"]["priority"] == 200
+    # tenant-a's kfp-training-node fixes 8 GPUs; a step asking for 1 is not that.
+    step = _forged(example("kfp-train-step"), "kfp-training-node", "kfp-training-node")
+    out = mutated(step, default_policies, cluster)
+    assert out["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
+    assert out["spec"]["priority"] == 200
