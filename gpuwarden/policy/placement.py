@@ -84,6 +84,8 @@ class Placement:
     # One per target container, in the order of `containers`; `grant` is the one with the most
     # GPUs (its annotations describe the pod).
     container_grants: tuple[ContainerGrant, ...] = ()
+    # The rule was the one recorded on the pod, kept past its count condition (_recorded_rule).
+    recorded: bool = False
 
     @property
     def total_gpus(self) -> int:
@@ -117,8 +119,17 @@ class Placement:
         out = [RuleOutcome(rule.name, _judge(rule, facts)) for rule, _ in self.rules_tried[:-1]]
         for rule, _ in self.rules[self.tried - 1 :]:
             result = _judge(rule, facts) if may_match(rule.match, facts) else None
+            if rule is chosen and self.recorded and self.profile is not None:
+                reason = match(rule.match, facts).reason
+                result = MatchResult(
+                    True,
+                    f"{reason}; kept as recorded in {keys.ANNOTATION_RULE}: "
+                    f"{self.profile.gpus_set_by} sets the {self.profile.gpus} GPUs it asks for",
+                )
             if result is not None and result.matched:
                 lost = None if rule is chosen else why_rule_wins(chosen, rule)
+                if lost is not None and self.recorded:
+                    lost = f"rule {chosen.name} is recorded on the pod ({keys.ANNOTATION_RULE})"
                 out.append(RuleOutcome(rule.name, result, lost))
         return tuple(out)
 
@@ -339,6 +350,7 @@ def place(
         profile_name: str | None,
         problems: tuple[str, ...] = (),
         tried: int = 0,
+        recorded: bool = False,
     ) -> Placement:
         grant = policies.grant(profile_name, tenant) if profile_name else None
         profile = grant.profile if grant is not None else None
@@ -365,6 +377,7 @@ def place(
             tried=tried,
             facts=facts,
             container_grants=granted,
+            recorded=recorded,
         )
 
     requested = labels.get(keys.PROFILE_LABEL)
@@ -375,7 +388,7 @@ def place(
     rules = policies.rules
     kept = _recorded_rule(pod, annotations, facts, policies, tenant, workload)
     if kept is not None:
-        return placed("rule", rules[kept][0], rules[kept][0].profile, tried=kept + 1)
+        return placed("rule", rules[kept][0], rules[kept][0].profile, tried=kept + 1, recorded=True)
     for index, (first, _policy) in enumerate(rules):
         if not may_match(first.match, facts) or not _judge(first, facts).matched:
             continue

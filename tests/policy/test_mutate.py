@@ -16,6 +16,7 @@ from gpuwarden.policy import (
     mutate,
 )
 from gpuwarden.policy.decision import MAX_WARNING
+from gpuwarden.policy.placement import place
 
 from .support import (
     EXAMPLE_PODS,
@@ -526,6 +527,13 @@ def test_a_count_set_by_the_tenant_keeps_the_rule_that_chose_it(
     assert once["spec"]["priority"] == 200
     assert mutate(create(once), default_policies, cluster).patch == ()
     assert admit(create(once), default_policies, cluster).allowed
+    # `explain` says why the rule holds for a pod past its count.
+    placement = place(once, "tenant-a", cluster.labels_for("tenant-a"), default_policies)
+    (kept,) = [o for o in placement.outcomes if o.name == "kfp-training"]
+    assert kept.result.matched and kept.lost is None
+    assert "kept as recorded in gpuwarden.io/rule: tenant tenant-a's override sets the 8 GPUs" in (
+        kept.result.reason
+    )
 
 
 def _forged(pod: dict[str, Any], rule: str, profile: str) -> dict[str, Any]:
