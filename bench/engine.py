@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit, load_paths, mutate, validate
-from gpuwarden.policy.pipeline import apply_patch
+from gpuwarden.policy.admission.pipeline import apply_patch
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = 10_000

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 from gpuwarden.certs.rotation import ServingNames, issue_directory  # noqa: E402
 from gpuwarden.kube.cluster import load_manifests  # noqa: E402
 from gpuwarden.policy import AdmissionRequest, ClusterView, load_paths  # noqa: E402
-from gpuwarden.policy.mutate import mutate  # noqa: E402
-from gpuwarden.policy.pipeline import apply_patch  # noqa: E402
+from gpuwarden.policy.admission.mutate import mutate  # noqa: E402
+from gpuwarden.policy.admission.pipeline import apply_patch  # noqa: E402
 
 TARGET_RATIO = 0.7
 TARGET_P99_MS = 5.0

@@ -8,14 +8,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gpuwarden.policy.schema import (
+from gpuwarden.policy.render.scope import chart_template
+from gpuwarden.policy.spec.schema import (
     crd_yaml,
     policy_document_schema,
     policy_field_table,
     schema_json,
     values_schema,
 )
-from gpuwarden.policy.scope import chart_template
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference.md"

@@ -1,4 +1,4 @@
-"""`gpuwarden render` and gpuwarden.policy.render: the objects a policy set implies."""
+"""`gpuwarden render` and gpuwarden.policy.render.objects: the objects a policy set implies."""
 
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from gpuwarden.policy import (
     load_texts,
     mutate,
 )
-from gpuwarden.policy.render import (
+from gpuwarden.policy.render.objects import (
     VOLCANO_OVERCOMMIT_NOTE,
     RenderOptions,
     quota_key_warnings,
     render,
 )
-from gpuwarden.policy.schema import crd_yaml, policy_field_table
+from gpuwarden.policy.spec.schema import crd_yaml, policy_field_table
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_POLICIES = REPO / "policies"

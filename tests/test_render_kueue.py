@@ -15,16 +15,16 @@ import yaml
 from gpuwarden.cli import main as gpuwarden
 from gpuwarden.lab.kueue import crd_manifests, crd_schema, module_dir
 from gpuwarden.policy import PolicyError, PolicySet, load_texts
-from gpuwarden.policy.backends import plan_for
-from gpuwarden.policy.kueue import (
+from gpuwarden.policy.lint import lint_warnings
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES
+from gpuwarden.policy.render.kueue import (
     DEFAULT_LOCAL_QUEUE,
     KUEUE_API,
     configuration_requirements,
     excluded_resource_prefixes,
 )
-from gpuwarden.policy.lint import lint_warnings
-from gpuwarden.policy.render import Rendering, RenderOptions, render
-from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
+from gpuwarden.policy.render.objects import Rendering, RenderOptions, render
+from gpuwarden.policy.spec.backends import plan_for
 
 Obj = dict[str, Any]
 KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue")

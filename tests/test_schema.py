@@ -14,8 +14,8 @@ import yaml
 from pydantic import BaseModel
 
 from gpuwarden.policy import PolicyError, load_texts
-from gpuwarden.policy.model import GPUPolicy, PolicySpec, Profile, Tenant
-from gpuwarden.policy.schema import (
+from gpuwarden.policy.spec.model import GPUPolicy, PolicySpec, Profile, Tenant
+from gpuwarden.policy.spec.schema import (
     CRD_NAME,
     SchemaError,
     _cel_field,

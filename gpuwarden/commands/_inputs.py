@@ -20,9 +20,9 @@ from gpuwarden.policy import (
     PolicyError,
     PolicySet,
     load_paths,
-    manifests,
 )
-from gpuwarden.policy.decision import Operation
+from gpuwarden.policy.admission import manifests
+from gpuwarden.policy.admission.decision import Operation
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 # A namespace name is a DNS label (RFC 1123), as the API server checks it.

@@ -7,9 +7,9 @@ import sys
 
 from gpuwarden.commands._inputs import add_dry_run_arguments, load_dry_run
 from gpuwarden.policy import admit
-from gpuwarden.policy.placement import place
-from gpuwarden.policy.precedence import beaten_tenants
-from gpuwarden.policy.quantity import format_bytes
+from gpuwarden.policy.admission.placement import place
+from gpuwarden.policy.pod.quantity import format_bytes
+from gpuwarden.policy.spec.precedence import beaten_tenants
 
 HELP = "Explain which tenant, rule and profile a pod gets, and why other rules did not match"
 

@@ -23,7 +23,7 @@ from gpuwarden.node.hardlimits import detect_memory_limits
 from gpuwarden.node.metrics import agent_registry
 from gpuwarden.node.nvml import NvmlError, PynvmlNvml
 from gpuwarden.node.procfs import ProcFs
-from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
 
 HELP = "Run the node agent: MPS limits from pod policies, GPU-memory enforcement, metrics."
 

@@ -11,8 +11,8 @@ from typing import Any
 import yaml
 
 from gpuwarden.commands._inputs import InputError, load_policies, read_documents
-from gpuwarden.policy.render import Rendering, RenderOptions, quota_key_warnings, render
-from gpuwarden.policy.schema import SchemaError, crd_manifest, crd_yaml, policy_field_table
+from gpuwarden.policy.render.objects import Rendering, RenderOptions, quota_key_warnings, render
+from gpuwarden.policy.spec.schema import SchemaError, crd_manifest, crd_yaml, policy_field_table
 
 HELP = (
     "Print the PriorityClasses, tenant ResourceQuotas and Volcano Queues a policy set implies, "

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from gpuwarden.certs.material import LOCAL_NAMES, serving_names
 from gpuwarden.kube.client import KubeConfigError
-from gpuwarden.policy.manifests import ManifestError
+from gpuwarden.policy.admission.manifests import ManifestError
 from gpuwarden.webhook import logs
 from gpuwarden.webhook.app import DEFAULT_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_BODY, Settings
 from gpuwarden.webhook.server import ConnectionLimits, ServeConfig, ServeError, serve

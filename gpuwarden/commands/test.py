@@ -20,7 +20,7 @@ from gpuwarden.commands._inputs import (
     read_pods,
 )
 from gpuwarden.policy import PolicyError, admit, load_paths
-from gpuwarden.policy.loader import (
+from gpuwarden.policy.spec.loader import (
     compose_documents,
     did_you_mean,
     field_names,

@@ -45,14 +45,15 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
-from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory, manifests
-from gpuwarden.policy.keys import ANNOTATION_TENANT
-from gpuwarden.policy.manifests import (
+from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory
+from gpuwarden.policy.admission import manifests
+from gpuwarden.policy.admission.manifests import (
     ManifestError,
     config_map_keys,
     namespace_labels,
     priority_class,
 )
+from gpuwarden.policy.pod.keys import ANNOTATION_TENANT
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 

@@ -37,8 +37,8 @@ from gpuwarden.kube.errors import (
     transport_error_text,
 )
 from gpuwarden.kube.informer import Informer, MappingSink, Obj
-from gpuwarden.policy import keys
-from gpuwarden.policy.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.spec.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
 
 log = logging.getLogger("gpuwarden.kube")
 

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
 from gpuwarden.lab.nodes import POOL_LABEL, GpuNodePool
 from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE, lab_stages
-from gpuwarden.policy.packing import binpack_profile
+from gpuwarden.policy.render.packing import binpack_profile
 
 SCHEDULER_CONFIG_API = "kubescheduler.config.k8s.io/v1"
 #: API server flags of a lab control plane. TaintNodesByCondition taints every new node

@@ -12,7 +12,7 @@ How it runs here, and why:
   the webhook server on 127.0.0.1 with a serving certificate from :mod:`gpuwarden.certs`, the
   health probes on 127.0.0.1, metrics off, plain pods as the one integration, and the
   ``VisibilityOnDemand`` feature gate off (its API server would want an APIService and a port).
-  The rest is :func:`gpuwarden.policy.kueue.configuration_requirements`, what the rendered queues
+  The rest is :func:`gpuwarden.policy.render.kueue.configuration_requirements`, what the rendered queues
   rely on.
 * Webhooks registered by URL (``https://127.0.0.1:<port><path>``) from the module's
   ``config/components/webhook/manifests.yaml``: Kueue's own kinds and the pod webhooks, with the
@@ -49,7 +49,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.certs.authority import issue_serving, new_ca
 from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
-from gpuwarden.policy.kueue import KUEUE_API, configuration_requirements
+from gpuwarden.policy.render.kueue import KUEUE_API, configuration_requirements
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
 #: The version hack/build-tools.sh builds (KUEUE_VERSION there).

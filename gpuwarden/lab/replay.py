@@ -50,12 +50,12 @@ from gpuwarden.lab.trace import TraceRow
 from gpuwarden.lab.work import NodeGpus, WorkModel
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
-from gpuwarden.policy.keys import ENV_MPS_THREAD_PERCENTAGE
-from gpuwarden.policy.kueue import KUEUE_API
-from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL, priority_class
-from gpuwarden.policy.mutate import admitted_gpu_memory
-from gpuwarden.policy.quantity import parse_quantity
-from gpuwarden.policy.render import render
+from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL, priority_class
+from gpuwarden.policy.admission.mutate import admitted_gpu_memory
+from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
+from gpuwarden.policy.pod.quantity import parse_quantity
+from gpuwarden.policy.render.kueue import KUEUE_API
+from gpuwarden.policy.render.objects import render
 
 #: Every replayed pod carries its trace row here (the watch selects on it).
 ROW_LABEL = "lab.gpuwarden.io/trace-row"

@@ -4,7 +4,7 @@ lab gives it.
 The lab runs kube-scheduler only, so every policy is simulated on the backends it can schedule
 for real: a Volcano or HAMi backend becomes ``nvidia`` with shared slices advertised as
 ``nvidia.com/gpu.shared`` (NVIDIA's device plugin, MPS, ``renameByDefault``) on the lab's MPS
-nodes, scheduled by the packing profile (:data:`~gpuwarden.policy.packing.BINPACK_SCHEDULER`):
+nodes, scheduled by the packing profile (:data:`~gpuwarden.policy.render.packing.BINPACK_SCHEDULER`):
 the chart configures Volcano's ``binpack`` plugin to weigh GPUs, and HAMi's node policy packs by
 default. What Volcano or HAMi would decide differently (queues, gang scheduling, packing by GPU
 memory instead of a fixed replica count) is not simulated; the strategy's notes say so.
@@ -32,11 +32,11 @@ import yaml
 from gpuwarden.lab.nodes import GpuNodePool
 from gpuwarden.lab.trace import TraceRow
 from gpuwarden.policy import PolicySet, load_texts
-from gpuwarden.policy.keys import API_VERSION, POLICY_KIND
-from gpuwarden.policy.loader import policy_files
-from gpuwarden.policy.manifests import NAMESPACE_NAME_LABEL
-from gpuwarden.policy.packing import BINPACK_SCHEDULER
-from gpuwarden.policy.render import ANNOTATION_RENDERED_FROM, RenderOptions, render
+from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL
+from gpuwarden.policy.pod.keys import API_VERSION, POLICY_KIND
+from gpuwarden.policy.render.objects import ANNOTATION_RENDERED_FROM, RenderOptions, render
+from gpuwarden.policy.render.packing import BINPACK_SCHEDULER
+from gpuwarden.policy.spec.loader import policy_files
 
 #: The backend every simulated policy runs on (see the module docstring).
 LAB_BACKEND: Mapping[str, str] = {

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from gpuwarden.lab.workloads import WORKLOAD_KINDS
-from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
 
 FIELDS = (
     "at",

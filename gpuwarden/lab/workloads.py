@@ -1,5 +1,5 @@
 """Pods as Kubeflow's controllers create them, by workload kind: the labels and annotations the
-real controllers set (the same evidence gpuwarden.policy.workloads reads) and the container
+real controllers set (the same evidence gpuwarden.policy.pod.workloads reads) and the container
 that asks for GPUs. The lab and `gpuwarden simulate` create these pods; gpuwarden's webhook
 then decides what each one gets.
 """

@@ -27,7 +27,7 @@ from gpuwarden.node.limits import MpsServer, ObservedProcess
 from gpuwarden.node.nvml import GpuDevice, Nvml, NvmlError
 from gpuwarden.node.pods import PodInfo, PodRef, pod_info
 from gpuwarden.node.procfs import ProcFs, find_pod_cgroups
-from gpuwarden.policy.quantity import format_bytes
+from gpuwarden.policy.pod.quantity import format_bytes
 
 OnViolation = Literal["event", "terminate", "evict"]
 ON_VIOLATION: tuple[OnViolation, ...] = ("event", "terminate", "evict")

@@ -14,7 +14,7 @@ from gpuwarden.node import mps
 from gpuwarden.node.nvml import GpuDevice
 from gpuwarden.node.pods import PodInfo, PodRef
 from gpuwarden.node.procfs import CgroupOwner
-from gpuwarden.policy.quantity import to_mebibytes
+from gpuwarden.policy.pod.quantity import to_mebibytes
 
 FULL_THREADS = 100
 

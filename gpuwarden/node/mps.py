@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from gpuwarden.policy import keys
+from gpuwarden.policy.pod import keys
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 NO_DAEMON = "Cannot find MPS control daemon process"

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 

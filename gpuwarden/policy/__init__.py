@@ -1,17 +1,17 @@
 """The policy core: pure functions from (pod, namespace, policies, cluster view) to decisions."""
 
-from gpuwarden.policy.decision import (
+from gpuwarden.policy.admission.decision import (
     AdmissionRequest,
     ClusterView,
     Decision,
     PriorityClassInfo,
 )
-from gpuwarden.policy.loader import PolicyError, PolicyIssue, load_paths, load_texts
-from gpuwarden.policy.mutate import admitted_gpu_memory, mutate
-from gpuwarden.policy.pipeline import Admission, admit, apply_patch
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.validate import validate
+from gpuwarden.policy.admission.mutate import admitted_gpu_memory, mutate
+from gpuwarden.policy.admission.pipeline import Admission, admit, apply_patch
+from gpuwarden.policy.admission.validate import validate
+from gpuwarden.policy.spec.loader import PolicyError, PolicyIssue, load_paths, load_texts
+from gpuwarden.policy.spec.policyset import PolicySet
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 __all__ = [
     "Admission",

@@ -3,9 +3,11 @@ that can never apply (errors; the loader's errors come first)."""
 
 from __future__ import annotations
 
-from gpuwarden.policy.backends import selects_shared_gpus
-from gpuwarden.policy.kueue import gpu_pools, shared_gpus_warnings, template_charge_errors
-from gpuwarden.policy.model import (
+from gpuwarden.policy.pod.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
+from gpuwarden.policy.render.kueue import gpu_pools, shared_gpus_warnings, template_charge_errors
+from gpuwarden.policy.render.objects import tenant_plans
+from gpuwarden.policy.spec.backends import selects_shared_gpus
+from gpuwarden.policy.spec.model import (
     Backend,
     HamiBackend,
     KatibTrialMatch,
@@ -16,12 +18,10 @@ from gpuwarden.policy.model import (
     Tenant,
     VolcanoBackend,
 )
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.precedence import shadowed_rules, tenant_problems
-from gpuwarden.policy.render import tenant_plans
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.selectors import selector_matches
-from gpuwarden.policy.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
+from gpuwarden.policy.spec.policyset import PolicySet
+from gpuwarden.policy.spec.precedence import shadowed_rules, tenant_problems
+from gpuwarden.policy.spec.resolved import ResolvedProfile
+from gpuwarden.policy.spec.selectors import selector_matches
 
 # The device plugin setting that advertises scaling x each GPU's memory, per backend: the only
 # way to overcommit GPU memory on Volcano vGPU and HAMi, where the request is the enforced cap.
@@ -134,7 +134,7 @@ def lint_errors(policies: PolicySet) -> list[str]:
                 "use that tenant's overrides"
             )
         errors.append(line)
-    # What Kueue charges a job must be what its pods ask (gpuwarden/policy/kueue.py).
+    # What Kueue charges a job must be what its pods ask (gpuwarden/policy/render/kueue.py).
     errors += template_charge_errors(policies, [tenant for tenant, _ in kueue_tenants(policies)])
     return errors
 
@@ -281,7 +281,7 @@ def _reads_gpu_types(backend: Backend, shared: bool) -> bool:
 
 def kueue_tenants(policies: PolicySet) -> list[tuple[Tenant, list[ResolvedProfile]]]:
     """The tenants whose queueSpec no Volcano profile reads, so a Kueue ClusterQueue (`gpuwarden
-    render --kueue`, gpuwarden/policy/kueue.py), each with the profiles it may get."""
+    render --kueue`, gpuwarden/policy/render/kueue.py), each with the profiles it may get."""
     out: list[tuple[Tenant, list[ResolvedProfile]]] = []
     for tenant in policies.tenants:
         allowed = tenant.limits.allowed_profiles

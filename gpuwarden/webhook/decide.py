@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
-from gpuwarden.policy.resources import requests_gpu
-from gpuwarden.policy.validate import validate_config_map
+from gpuwarden.policy.admission.validate import validate_config_map
+from gpuwarden.policy.pod.resources import requests_gpu
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from gpuwarden.kube.gpupolicies import ObjectVerdict, PolicyObject
 from gpuwarden.policy import PolicyError, PolicySet, load_paths
-from gpuwarden.policy.loader import load_objects, policy_files
+from gpuwarden.policy.spec.loader import load_objects, policy_files
 
 
 @dataclass(frozen=True)

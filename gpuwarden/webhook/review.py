@@ -16,7 +16,7 @@ from typing import Any, cast
 import orjson
 
 from gpuwarden.policy import AdmissionRequest, Decision
-from gpuwarden.policy.decision import Operation
+from gpuwarden.policy.admission.decision import Operation
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")

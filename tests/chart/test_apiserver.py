@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpuwarden.policy import load_paths
-from gpuwarden.policy.render import render
-from gpuwarden.policy.schema import CRD_NAME
+from gpuwarden.policy.render.objects import render
+from gpuwarden.policy.spec.schema import CRD_NAME
 
 from .support import CHART, release_plane, template
 

@@ -23,12 +23,13 @@ from gpuwarden.cli import build_parser
 from gpuwarden.cli import main as gpuwarden
 from gpuwarden.commands.serve import config_from
 from gpuwarden.node.mps import device_plugin_directories
-from gpuwarden.policy import PolicySet, keys, load_paths
-from gpuwarden.policy.model import LabelSelector
-from gpuwarden.policy.render import render
-from gpuwarden.policy.schema import CRD_NAME, crd_yaml
-from gpuwarden.policy.scope import CONFIG_MAP_CEL
-from gpuwarden.policy.selectors import selector_matches
+from gpuwarden.policy import PolicySet, load_paths
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.render.objects import render
+from gpuwarden.policy.render.scope import CONFIG_MAP_CEL
+from gpuwarden.policy.spec.model import LabelSelector
+from gpuwarden.policy.spec.schema import CRD_NAME, crd_yaml
+from gpuwarden.policy.spec.selectors import selector_matches
 
 from .support import (
     CHART,

@@ -98,5 +98,5 @@ def test_the_first_stage_builds_a_wheel_with_the_package_and_the_entry_point(
         names = set(archive.namelist())
         entry_points = next(n for n in names if n.endswith("entry_points.txt"))
         assert "gpuwarden = gpuwarden.cli:main" in archive.read(entry_points).decode()
-    assert {"gpuwarden/cli.py", "gpuwarden/py.typed", "gpuwarden/policy/schema.py"} <= names
+    assert {"gpuwarden/cli.py", "gpuwarden/py.typed", "gpuwarden/policy/spec/schema.py"} <= names
     assert not any(name.startswith(("tests/", "charts/", "bench/")) for name in names)

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from gpuwarden.policy import PolicyError, load_paths, load_texts
-from gpuwarden.policy.loader import policy_files
+from gpuwarden.policy.spec.loader import policy_files
 
 from .support import CHART, NAMESPACE, RELEASE, REPO, Rendering, helm, run_helm, template
 

@@ -1,4 +1,4 @@
-"""The chart's packing schedulers, rendered from values, against gpuwarden.policy.packing.
+"""The chart's packing schedulers, rendered from values, against gpuwarden.policy.render.packing.
 
 The second kube-scheduler's profile and Volcano's binpack arguments are template logic over
 values; these tests hold them equal to binpack_profile() and volcano_binpack_arguments(), and
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from gpuwarden.lab.controlplane import ControlPlane, Tools
-from gpuwarden.policy.packing import (
+from gpuwarden.policy.render.packing import (
     BINPACK_SCHEDULER,
     binpack_profile,
     volcano_binpack_arguments,

@@ -1,5 +1,5 @@
 """The webhooks' matchConditions as the chart renders them equal what the policy core derives
-from the same policies (gpuwarden.policy.scope), for every test values file and for rules that
+from the same policies (gpuwarden.policy.render.scope), for every test values file and for rules that
 widen the scope."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from gpuwarden.policy import PolicySet, load_paths
-from gpuwarden.policy.scope import chart_template, review_scope
+from gpuwarden.policy.render.scope import chart_template, review_scope
 
 from .support import CHART, FULLNAME, Rendering, template, values_files
 

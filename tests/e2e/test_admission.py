@@ -21,7 +21,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, validate
-from gpuwarden.policy.quantity import parse_quantity
+from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import ControlPlane
 from .webhook import (

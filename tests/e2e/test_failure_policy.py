@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.policy.scope import review_scope
+from gpuwarden.policy.render.scope import review_scope
 
 from .controlplane import ControlPlane
 from .webhook import (

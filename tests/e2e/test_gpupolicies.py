@@ -22,8 +22,8 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.spec.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
 
 from .controlplane import ControlPlane, Tools
 from .webhook import (

@@ -51,8 +51,8 @@ from gpuwarden.policy import (
     admit,
     load_paths,
 )
-from gpuwarden.policy.loader import policy_files
-from gpuwarden.policy.quantity import parse_quantity
+from gpuwarden.policy.pod.quantity import parse_quantity
+from gpuwarden.policy.spec.loader import policy_files
 
 from .controlplane import REPO_ROOT, ControlPlane, _die_with_parent, free_ports
 

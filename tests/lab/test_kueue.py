@@ -35,8 +35,8 @@ from gpuwarden.policy import (
     admit,
     load_texts,
 )
-from gpuwarden.policy.kueue import DEFAULT_LOCAL_QUEUE, QUEUE_NAME_LABEL
-from gpuwarden.policy.render import RenderOptions, render
+from gpuwarden.policy.render.kueue import DEFAULT_LOCAL_QUEUE, QUEUE_NAME_LABEL
+from gpuwarden.policy.render.objects import RenderOptions, render
 
 pytestmark = pytest.mark.e2e
 

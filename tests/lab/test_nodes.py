@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuwarden.lab.nodes import GpuNodePool, Taint
 from gpuwarden.lab.stages import COMPLETE_AFTER, WORK_DONE, go_duration, lab_stages
 from gpuwarden.lab.workloads import WORKLOAD_KINDS, workload_pod
-from gpuwarden.policy.workloads import identify
+from gpuwarden.policy.pod.workloads import identify
 
 
 def test_an_mps_node_advertises_its_replicas_as_the_device_plugin_does() -> None:

@@ -21,8 +21,8 @@ from gpuwarden.lab.cluster import pod_scheduled_condition
 from gpuwarden.lab.nodes import GpuNodePool, Taint
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.node.pods import pod_info
-from gpuwarden.policy.render import render
-from gpuwarden.policy.resources import GPU_COUNT_RESOURCES
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES
+from gpuwarden.policy.render.objects import render
 
 from .conftest import Lab
 

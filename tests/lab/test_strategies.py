@@ -17,7 +17,7 @@ from gpuwarden.lab.strategies import (
     shared_quotas,
     strategy_from_texts,
 )
-from gpuwarden.policy.render import RenderOptions, render
+from gpuwarden.policy.render.objects import RenderOptions, render
 
 
 def test_shared_quotas_follow_the_shared_demand_within_each_quota() -> None:

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, mutate
-from gpuwarden.policy.backends import plan_for
 from gpuwarden.policy.lint import lint_warnings
-from gpuwarden.policy.loader import PolicyError
-from gpuwarden.policy.resources import GPU_RESOURCES
+from gpuwarden.policy.pod.resources import GPU_RESOURCES
+from gpuwarden.policy.spec.backends import plan_for
+from gpuwarden.policy.spec.loader import PolicyError
 
 from .support import apply_ops, container, create, gpu_pod, policies_from
 

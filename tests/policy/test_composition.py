@@ -12,9 +12,9 @@ import yaml
 
 from gpuwarden.cli import main
 from gpuwarden.policy import ClusterView, PolicySet, load_paths, load_texts
+from gpuwarden.policy.admission.placement import place
 from gpuwarden.policy.lint import lint_errors
-from gpuwarden.policy.placement import place
-from gpuwarden.policy.precedence import tenant_matches
+from gpuwarden.policy.spec.precedence import tenant_matches
 
 from .support import EXAMPLES, NAMESPACES_FILE, POLICIES, example, mutated, policy_text
 

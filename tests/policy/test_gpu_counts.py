@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, admitted_gpu_memory, mutate
+from gpuwarden.policy.admission.placement import place
 from gpuwarden.policy.lint import lint_errors
-from gpuwarden.policy.placement import place
 
 from .support import REPO, apply_ops, container, create, example, gpu_pod, policies_from, read_yaml
 

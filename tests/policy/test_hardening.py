@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit, validate
-from gpuwarden.policy.decision import MAX_WARNINGS
-from gpuwarden.policy.validate import validate_config_map
+from gpuwarden.policy.admission.decision import MAX_WARNINGS
+from gpuwarden.policy.admission.validate import validate_config_map
 
 from .support import container, create, gpu_pod, policies_from
 

@@ -16,8 +16,8 @@ import pytest
 from gpuwarden.cli import main
 from gpuwarden.lab.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit, load_texts
-from gpuwarden.policy.kueue import PODSET_LABEL
 from gpuwarden.policy.lint import lint_errors
+from gpuwarden.policy.render.kueue import PODSET_LABEL
 
 POLICY = """\
 apiVersion: gpuwarden.io/v1alpha1
@@ -165,7 +165,7 @@ def test_a_shared_profile_on_a_kueue_admitted_job_pod_is_named_with_its_resource
 
 
 def test_render_kueue_refuses_what_kueue_would_charge_differently() -> None:
-    from gpuwarden.policy.render import RenderOptions, render
+    from gpuwarden.policy.render.objects import RenderOptions, render
 
     rules = CONSISTENT_RULES.replace(
         "profile: whole, requireGpuRequest: true}\n    - {name: trials",

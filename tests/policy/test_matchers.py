@@ -9,11 +9,11 @@ import pytest
 from pydantic import TypeAdapter
 
 from gpuwarden.policy import ClusterView, PolicySet
-from gpuwarden.policy.matchers import PodFacts, match
-from gpuwarden.policy.model import Matcher
-from gpuwarden.policy.placement import place
-from gpuwarden.policy.resources import annotations_of, labels_of
-from gpuwarden.policy.workloads import identify
+from gpuwarden.policy.admission.placement import place
+from gpuwarden.policy.pod.resources import annotations_of, labels_of
+from gpuwarden.policy.pod.workloads import identify
+from gpuwarden.policy.spec.matchers import PodFacts, match
+from gpuwarden.policy.spec.model import Matcher
 
 from .support import example, gpu_pod, policies_from
 

@@ -15,8 +15,8 @@ from gpuwarden.policy import (
     admit,
     mutate,
 )
-from gpuwarden.policy.decision import MAX_WARNING
-from gpuwarden.policy.placement import place
+from gpuwarden.policy.admission.decision import MAX_WARNING
+from gpuwarden.policy.admission.placement import place
 
 from .support import (
     EXAMPLE_PODS,

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, mutate
-from gpuwarden.policy.decision import MAX_WARNING
+from gpuwarden.policy.admission.decision import MAX_WARNING
 from gpuwarden.policy.lint import lint_warnings
 
 from .support import apply_ops, container, create, gpu_pod, policies_from

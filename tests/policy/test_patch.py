@@ -8,7 +8,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpuwarden.policy.patch import PatchBuilder, escape, pointer
+from gpuwarden.policy.admission.patch import PatchBuilder, escape, pointer
 
 
 def check(original: dict[str, Any], builder: PatchBuilder) -> None:

@@ -24,7 +24,7 @@ from gpuwarden.policy import (
     mutate,
     validate,
 )
-from gpuwarden.policy.resources import GPU_RESOURCES
+from gpuwarden.policy.pod.resources import GPU_RESOURCES
 
 from .support import POLICIES, namespace_labels, policies_from
 from .test_backends import SPEC as BACKENDS_SPEC

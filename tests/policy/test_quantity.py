@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpuwarden.policy.quantity import (
+from gpuwarden.policy.pod.quantity import (
     QuantityError,
     _parse_grammar,
     format_bytes,

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, load_paths
-from gpuwarden.policy.quantity import parse_quantity
-from gpuwarden.policy.scope import KIND_EVIDENCE, ReviewScope, review_scope
+from gpuwarden.policy.pod.quantity import parse_quantity
+from gpuwarden.policy.render.scope import KIND_EVIDENCE, ReviewScope, review_scope
 
 from .support import (
     EXAMPLE_PODS,
@@ -110,7 +110,7 @@ def test_updates_are_sent_only_where_gpuwarden_checks_them() -> None:
 
 
 def test_every_kind_has_evidence() -> None:
-    from gpuwarden.policy.model import Matcher
+    from gpuwarden.policy.spec.model import Matcher
 
     kinds = {member.model_fields["kind"].default for member in Matcher.__origin__.__args__}  # type: ignore[attr-defined]
     assert kinds - {"selector"} == set(KIND_EVIDENCE)

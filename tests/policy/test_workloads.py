@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.policy.workloads import Workload, identify
+from gpuwarden.policy.pod.workloads import Workload, identify
 
 from .support import example, gpu_pod
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 
 from gpuwarden.policy import ClusterView, PolicySet, admit, mutate
-from gpuwarden.policy.matchers import PodFacts, match
-from gpuwarden.policy.model import KservePredictorMatch, TrainJobMatch
-from gpuwarden.policy.resources import annotations_of, labels_of
-from gpuwarden.policy.workloads import identify
+from gpuwarden.policy.pod.resources import annotations_of, labels_of
+from gpuwarden.policy.pod.workloads import identify
+from gpuwarden.policy.spec.matchers import PodFacts, match
+from gpuwarden.policy.spec.model import KservePredictorMatch, TrainJobMatch
 
 from .support import apply_ops, container, create, example, gpu_pod
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpuwarden import cli
-from gpuwarden.policy import keys
+from gpuwarden.policy.pod import keys
 from gpuwarden.webhook.logs import AdmissionLog, JSONFormatter
 
 from .support import (

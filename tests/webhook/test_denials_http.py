@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.policy import keys
+from gpuwarden.policy.pod import keys
 
 from .support import Webhook, apply_response, notebook_pod, review
 

@@ -24,7 +24,7 @@ from gpuwarden import cli
 from gpuwarden.certs.rotation import ServingNames, issue_directory, load_bundle
 from gpuwarden.kube.cluster import WatchedCluster
 from gpuwarden.kube.webhooks import InjectError, inject_ca_bundle
-from gpuwarden.policy import keys
+from gpuwarden.policy.pod import keys
 from gpuwarden.webhook.server import ServeConfig, WebhookServer
 
 from .support import RawConnection, apply_response, client_context, notebook_pod, review

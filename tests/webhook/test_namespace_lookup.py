@@ -22,7 +22,7 @@ from kubernetes import client as k8s_client
 
 from gpuwarden.certs.rotation import ServingNames, issue_directory
 from gpuwarden.kube.cluster import ClusterSource, WatchedCluster
-from gpuwarden.policy import keys
+from gpuwarden.policy.pod import keys
 from gpuwarden.webhook.app import Settings
 from gpuwarden.webhook.server import ServeConfig, WebhookServer
 

@@ -1,6 +1,6 @@
 {{/*
 Render-time check of the policies against files/gpupolicy.schema.json, the JSON Schema that
-hack/update-docs.py generates from the pydantic model (gpuwarden/policy/model.py). Helm checks
+hack/update-docs.py generates from the pydantic model (gpuwarden/policy/spec/model.py). Helm checks
 a policy given as a mapping against values.schema.json (the same definitions) before any
 template runs, but it cannot see into a policy given as YAML text (--set-file): this does, for
 both, so a typo fails `helm template`/`helm install` instead of leaving the webhook unready.
@@ -27,7 +27,7 @@ and the other cross-field rules in the model's validators.
 {{- end -}}
 
 {{/* Problems of .value against the schema node .schema (definitions in .defs), as a JSON list
-of "<path>: <message>" lines. Implements the keywords gpuwarden.policy.schema.PORTABLE_KEYWORDS
+of "<path>: <message>" lines. Implements the keywords gpuwarden.policy.spec.schema.PORTABLE_KEYWORDS
 lists, which are all the generated schema uses: $ref, type, const, enum, minimum, maximum,
 pattern, properties, required, additionalProperties, items, anyOf (only [X, null]) and
 discriminator (a tagged union: dispatch on the tag; with "string" in its type, the tag alone is

@@ -1,5 +1,5 @@
 {{/* The webhooks' "gpuwarden-may-act" matchCondition for the policies in .Values.policies: the
-fixed parts from _scope.tpl (generated from gpuwarden/policy/scope.py), joined with the label and
+fixed parts from _scope.tpl (generated from gpuwarden/policy/render/scope.py), joined with the label and
 annotation keys of every workload rule that may give GPUs to a pod that asks for none. It mirrors
 ReviewScope.cel(); tests/chart/test_scope.py checks both agree for every test values file. */}}
 {{- define "gpuwarden.scope.expression" -}}

@@ -6,15 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.backends import shared_slices_per_container
-from gpuwarden.policy.matchers import MatchResult, PodFacts, match, may_match
-from gpuwarden.policy.model import GPUPolicy, Tenant, WorkloadRule
-from gpuwarden.policy.policyset import Grant, PolicySet
-from gpuwarden.policy.precedence import why_rule_wins
-from gpuwarden.policy.quantity import QuantityError
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.resources import (
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import QuantityError
+from gpuwarden.policy.pod.resources import (
     ContainerRef,
     annotations_of,
     containers,
@@ -22,7 +16,13 @@ from gpuwarden.policy.resources import (
     largest_gpu_request,
     requests_gpu,
 )
-from gpuwarden.policy.workloads import SIDECARS, Workload, identify
+from gpuwarden.policy.pod.workloads import SIDECARS, Workload, identify
+from gpuwarden.policy.spec.backends import shared_slices_per_container
+from gpuwarden.policy.spec.matchers import MatchResult, PodFacts, match, may_match
+from gpuwarden.policy.spec.model import GPUPolicy, Tenant, WorkloadRule
+from gpuwarden.policy.spec.policyset import Grant, PolicySet
+from gpuwarden.policy.spec.precedence import why_rule_wins
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 Source = Literal["rule", "label", "default", "skip", "none"]
 

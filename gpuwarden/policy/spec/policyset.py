@@ -8,13 +8,13 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.backends import BackendPlan, plan_for
-from gpuwarden.policy.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
-from gpuwarden.policy.precedence import narrower_rules, selector_order
-from gpuwarden.policy.quantity import format_bytes, format_mebibytes
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.selectors import selector_matches
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import format_bytes, format_mebibytes
+from gpuwarden.policy.spec.backends import BackendPlan, plan_for
+from gpuwarden.policy.spec.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
+from gpuwarden.policy.spec.precedence import narrower_rules, selector_order
+from gpuwarden.policy.spec.resolved import ResolvedProfile
+from gpuwarden.policy.spec.selectors import selector_matches
 
 # Pod-sized grants for 2..this many GPUs per container are computed at load; larger counts (rare,
 # and usually denied by a tenant limit) are computed per decision.
@@ -101,7 +101,7 @@ class PolicySet:
     grants: Mapping[tuple[str | None, str], Grant] = field(default_factory=dict)
     # Grants of profiles that leave the count to the pod, for the counts pods usually ask.
     sized_grants: Mapping[tuple[str | None, str, int], Grant] = field(default_factory=dict)
-    # Precedence (gpuwarden.policy.precedence), computed once at load: the tenant that lists
+    # Precedence (gpuwarden.policy.spec.precedence), computed once at load: the tenant that lists
     # each namespace first, the selector tenants in the order they are tried, and for each rule
     # the later rules of its kind that narrow it.
     tenant_by_namespace: Mapping[str, Tenant] = field(default_factory=dict)

@@ -69,8 +69,9 @@ from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
 
-from gpuwarden.policy.backends import SHARING_STRATEGY_LABEL, BackendPlan, plan_for
-from gpuwarden.policy.model import (
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES, GPU_RESOURCES
+from gpuwarden.policy.spec.backends import SHARING_STRATEGY_LABEL, BackendPlan, plan_for
+from gpuwarden.policy.spec.model import (
     Backend,
     HamiBackend,
     LabelSelector,
@@ -82,9 +83,8 @@ from gpuwarden.policy.model import (
     WorkloadRule,
     quantity_value,
 )
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.resources import GPU_COUNT_RESOURCES, GPU_RESOURCES
+from gpuwarden.policy.spec.policyset import PolicySet
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
 #: The cohort every tenant's ClusterQueue joins (an implicit Cohort: no object is needed).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 
-from gpuwarden.policy.model import LabelSelector
+from gpuwarden.policy.spec.model import LabelSelector
 
 
 def selector_matches(selector: LabelSelector, labels: Mapping[str, str]) -> bool:

@@ -8,10 +8,10 @@ from typing import Any
 
 import jsonpatch
 
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision
-from gpuwarden.policy.mutate import mutate_pod
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.validate import validate
+from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision
+from gpuwarden.policy.admission.mutate import mutate_pod
+from gpuwarden.policy.admission.validate import validate
+from gpuwarden.policy.spec.policyset import PolicySet
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuwarden.policy.resources import annotations_of, containers, labels_of, metadata_of
+from gpuwarden.policy.pod.resources import annotations_of, containers, labels_of, metadata_of
 
 # kubeflow/pipelines backend/src/v2/compiler/argocompiler/argo.go: the workflow's podMetadata.
 KFP_V2_COMPONENT = "pipelines.kubeflow.org/v2_component"

@@ -10,16 +10,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.model import (
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import to_mebibytes
+from gpuwarden.policy.spec.model import (
     HamiBackend,
     MpsSettings,
     NativeBackend,
     NvidiaBackend,
     VolcanoBackend,
 )
-from gpuwarden.policy.quantity import to_mebibytes
-from gpuwarden.policy.resolved import ResolvedProfile
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 DEFAULT_SCHEDULER = "default-scheduler"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"

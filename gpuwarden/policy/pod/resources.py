@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-from gpuwarden.policy.quantity import QuantityError, parse_count
+from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 
 # Every extended resource by which a container can ask for (part of) an NVIDIA GPU, across the
 # backends gpuwarden knows; a governed container keeps only the ones its backend sets.

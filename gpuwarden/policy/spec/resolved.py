@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from gpuwarden.policy.model import Backend, Toleration
+from gpuwarden.policy.spec.model import Backend, Toleration
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ What each object is for, and what it deliberately is not:
   which is said in a note.
 * **Kueue** (``RenderOptions.kueue``, off by default): a ClusterQueue per tenant in one cohort,
   the ResourceFlavors of its GPU pools and a ``default`` LocalQueue per tenant namespace, from the
-  same ``quota`` and ``queueSpec`` (:mod:`gpuwarden.policy.kueue` says how each field maps).
+  same ``quota`` and ``queueSpec`` (:mod:`gpuwarden.policy.render.kueue` says how each field maps).
 """
 
 from __future__ import annotations
@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
-from gpuwarden.policy import keys, kueue
-from gpuwarden.policy.backends import VOLCANO_QUEUE_ANNOTATION, BackendPlan, plan_for
-from gpuwarden.policy.model import Tenant, VolcanoBackend, quantity_value
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.resolved import ResolvedProfile
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.render import kueue
+from gpuwarden.policy.spec.backends import VOLCANO_QUEUE_ANNOTATION, BackendPlan, plan_for
+from gpuwarden.policy.spec.model import Tenant, VolcanoBackend, quantity_value
+from gpuwarden.policy.spec.policyset import PolicySet
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuwarden"}
 ANNOTATION_RENDERED_FROM = "gpuwarden.io/rendered-from"

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gpuwarden.policy.model import (
+from gpuwarden.policy.pod.workloads import Workload
+from gpuwarden.policy.spec.model import (
     KatibTrialMatch,
     KfpStepMatch,
     KfpSystemMatch,
@@ -16,8 +17,7 @@ from gpuwarden.policy.model import (
     TrainingJobMatch,
     TrainJobMatch,
 )
-from gpuwarden.policy.selectors import describe_selector, name_matches, selector_matches
-from gpuwarden.policy.workloads import Workload
+from gpuwarden.policy.spec.selectors import describe_selector, name_matches, selector_matches
 
 
 @dataclass(frozen=True)

@@ -18,27 +18,24 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy import keys, kueue
-from gpuwarden.policy.backends import VOLCANO_PREEMPTABLE_ANNOTATION
-from gpuwarden.policy.decision import AdmissionRequest, ClusterView, Decision, warning
-from gpuwarden.policy.model import HamiBackend, Tenant, VolcanoBackend
-from gpuwarden.policy.mutate import (
+from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision, warning
+from gpuwarden.policy.admission.mutate import (
     admitted_gpu_memory,
     apply_placement,
     context_of,
     plan,
     size_problems,
 )
-from gpuwarden.policy.placement import Placement, place
-from gpuwarden.policy.policyset import PolicySet
-from gpuwarden.policy.quantity import (
+from gpuwarden.policy.admission.placement import Placement, place
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import (
     QuantityError,
     format_bytes,
     parse_count,
     parse_non_negative,
     parse_quantity,
 )
-from gpuwarden.policy.resources import (
+from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
     annotations_of,
@@ -48,6 +45,10 @@ from gpuwarden.policy.resources import (
     requests_gpu,
     spec_of,
 )
+from gpuwarden.policy.render import kueue
+from gpuwarden.policy.spec.backends import VOLCANO_PREEMPTABLE_ANNOTATION
+from gpuwarden.policy.spec.model import HamiBackend, Tenant, VolcanoBackend
+from gpuwarden.policy.spec.policyset import PolicySet
 
 _MAX_SHOWN = 5
 # A denial's message stays within the 1 KiB an Event's note keeps (NoteLengthLimit in kubernetes

@@ -21,8 +21,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.model import (
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.spec.model import (
     BackendName,
     GPUPolicy,
     Matcher,
@@ -30,7 +30,7 @@ from gpuwarden.policy.model import (
     Tenant,
     WorkloadRule,
 )
-from gpuwarden.policy.policyset import PolicySet
+from gpuwarden.policy.spec.policyset import PolicySet
 
 _POLICY_SUFFIXES = (".yaml", ".yml", ".json")
 _SPEC_KEYS = {"backend", "profiles", "workloads", "tenants", "defaultProfile", "mps"}

@@ -6,8 +6,31 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.backends import (
+from gpuwarden.policy.admission.decision import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    bounded_warnings,
+    warning,
+)
+from gpuwarden.policy.admission.patch import PatchBuilder
+from gpuwarden.policy.admission.placement import ContainerGrant, Placement, place
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import (
+    QuantityError,
+    format_bytes,
+    format_mebibytes,
+    parse_non_negative,
+    parse_quantity,
+)
+from gpuwarden.policy.pod.resources import (
+    GPU_COUNT_RESOURCES,
+    ContainerRef,
+    annotations_of,
+    containers,
+    is_gpu_resource,
+)
+from gpuwarden.policy.spec.backends import (
     DEFAULT_SCHEDULER,
     VOLCANO_GROUP_NAME_ANNOTATION,
     VOLCANO_QUEUE_ANNOTATION,
@@ -16,31 +39,8 @@ from gpuwarden.policy.backends import (
     no_shared_gpus_expression,
     selects_shared_gpus,
 )
-from gpuwarden.policy.decision import (
-    AdmissionRequest,
-    ClusterView,
-    Decision,
-    bounded_warnings,
-    warning,
-)
-from gpuwarden.policy.patch import PatchBuilder
-from gpuwarden.policy.placement import ContainerGrant, Placement, place
-from gpuwarden.policy.policyset import Grant, PolicySet
-from gpuwarden.policy.quantity import (
-    QuantityError,
-    format_bytes,
-    format_mebibytes,
-    parse_non_negative,
-    parse_quantity,
-)
-from gpuwarden.policy.resolved import ResolvedProfile
-from gpuwarden.policy.resources import (
-    GPU_COUNT_RESOURCES,
-    ContainerRef,
-    annotations_of,
-    containers,
-    is_gpu_resource,
-)
+from gpuwarden.policy.spec.policyset import Grant, PolicySet
+from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 # The decision annotations desired_annotations() writes only for some profiles: when a
 # reinvocation (e.g. after Katib's webhook added the trial labels) changes the profile, or a user

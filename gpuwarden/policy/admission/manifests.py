@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from gpuwarden.policy.decision import ClusterView, PriorityClassInfo
+from gpuwarden.policy.admission.decision import ClusterView, PriorityClassInfo
 
 # The API server puts this label on every namespace (Kubernetes 1.21+); selectors may rely on it.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

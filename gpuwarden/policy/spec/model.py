@@ -22,8 +22,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy import keys
-from gpuwarden.policy.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 
-from gpuwarden.policy.model import (
+from gpuwarden.policy.spec.model import (
     KatibTrialMatch,
     KfpStepMatch,
     KservePredictorMatch,
@@ -28,7 +28,7 @@ from gpuwarden.policy.model import (
     TrainJobMatch,
     WorkloadRule,
 )
-from gpuwarden.policy.selectors import describe_selector, selector_matches
+from gpuwarden.policy.spec.selectors import describe_selector, selector_matches
 
 # The label the API server puts on every namespace: a selector on it names namespaces.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"

@@ -1,0 +1,1 @@
+"""Reading a pod: quantities, container resources, Kubeflow workloads and the annotation contract."""
