@@ -12,8 +12,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
+from gpuwarden.lab.webhookstack import POLICIES_DIR, WebhookStack, plane_webhook_stack
+
 from .controlplane import ControlPlane, Tools, build_tools
-from .webhook import AUDIT_POLICY, POLICIES_DIR, AuditLog, WebhookStack, plane_webhook_stack
+from .webhook import AUDIT_POLICY, AuditLog
 
 
 @pytest.fixture(scope="session")

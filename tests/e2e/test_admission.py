@@ -20,38 +20,40 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.webhookstack import (
+    KUBEFLOW_PROFILE_LABELS,
+    POLICIES_DIR,
+    RELEASE_NAMESPACE,
+    Obj,
+    WebhookStack,
+    api_defaults,
+    create_namespace,
+    create_pod,
+    gpu_probe_pod,
+    pod_annotations,
+    wait_for,
+    webhook_names,
+)
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, validate
 from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import ControlPlane
 from .webhook import (
     KUBEFLOW_EXAMPLES,
-    KUBEFLOW_PROFILE_LABELS,
-    POLICIES_DIR,
     POLICY_TEST_PODS,
-    RELEASE_NAMESPACE,
     AuditLog,
-    Obj,
-    WebhookStack,
-    api_defaults,
     api_error,
     comparable_spec,
-    create_namespace,
-    create_pod,
     example_pod,
     exception_warnings,
-    gpu_probe_pod,
     load_pod,
     place_pod,
     plain_pod,
-    pod_annotations,
     pod_exists,
     pod_labels,
     read_pod,
     scheduler_name,
-    wait_for,
     webhook_audit,
-    webhook_names,
 )
 
 GPUWARDEN_PREFIX = "gpuwarden.io/"

@@ -14,14 +14,15 @@ from typing import Any
 import pytest
 import yaml
 
-from .webhook import (
+from gpuwarden.lab.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     WebhookStack,
     create_pod,
     gpu_probe_pod,
     pod_annotations,
-    read_pod,
 )
+
+from .webhook import read_pod
 
 ROWS_FILE = Path(__file__).parents[1] / "policy" / "fixtures" / "backend-rows.yaml"
 ROWS: dict[str, Any] = yaml.safe_load(ROWS_FILE.read_text())

@@ -15,11 +15,9 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from .webhook import (
-    WebhookStack,
-    api_error,
-    create_namespace,
-)
+from gpuwarden.lab.webhookstack import WebhookStack, create_namespace
+
+from .webhook import api_error
 
 
 @pytest.fixture(scope="module")

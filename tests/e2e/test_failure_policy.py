@@ -16,32 +16,34 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.webhookstack import (
+    KUBEFLOW_PROFILE_LABELS,
+    RELEASE_NAMESPACE,
+    Obj,
+    WebhookStack,
+    chart_values_for,
+    chart_webhook_configurations,
+    create_namespace,
+    create_pod,
+    gpu_probe_pod,
+    pod_annotations,
+    render_chart,
+    wait_for,
+    wait_until_governed,
+)
 from gpuwarden.policy.render.scope import review_scope
 
 from .controlplane import ControlPlane
 from .webhook import (
     EXAMPLES_DIR,
-    KUBEFLOW_PROFILE_LABELS,
     POLICY_TEST_PODS,
-    RELEASE_NAMESPACE,
     AuditLog,
-    Obj,
-    WebhookStack,
     api_error,
-    chart_values_for,
-    chart_webhook_configurations,
-    create_namespace,
-    create_pod,
     example_pod,
-    gpu_probe_pod,
     place_pod,
     plain_pod,
-    pod_annotations,
     pod_exists,
     read_pod,
-    render_chart,
-    wait_for,
-    wait_until_governed,
     webhook_audit,
 )
 

@@ -22,11 +22,7 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.policy.pod import keys
-from gpuwarden.policy.spec.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
-
-from .controlplane import ControlPlane, Tools
-from .webhook import (
+from gpuwarden.lab.webhookstack import (
     CHART_DIR,
     KUBEFLOW_PROFILE_LABELS,
     RELEASE_NAME,
@@ -39,6 +35,10 @@ from .webhook import (
     wait_for,
     webhook_stack,
 )
+from gpuwarden.policy.pod import keys
+from gpuwarden.policy.spec.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
+
+from .controlplane import ControlPlane, Tools
 
 USER = "e2e-gpupolicy-webhook"  # the webhook's identity: the chart's ClusterRole only
 PROFILE = "e2e-gpol-shared"

@@ -25,23 +25,18 @@ import pytest
 from aiohttp import web
 
 from gpuwarden.certs.authority import issue_serving, new_ca
-
-from .controlplane import free_ports
-from .webhook import (
-    AuditLog,
+from gpuwarden.lab.webhookstack import (
     Obj,
     WebhookStack,
-    comparable_spec,
     create_pod,
     delete_webhook_configurations,
-    example_pod,
     install_webhook_configurations,
-    place_pod,
     pod_annotations,
-    pod_labels,
     wait_for,
-    webhook_audit,
 )
+
+from .controlplane import free_ports
+from .webhook import AuditLog, comparable_spec, example_pod, place_pod, pod_labels, webhook_audit
 
 LABEL = "e2e.gpuwarden.io/labelled"
 # A pod with this label also gets its schedulerName reset by the second webhook.

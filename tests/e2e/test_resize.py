@@ -9,7 +9,9 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from .webhook import WebhookStack, api_error, create_pod, example_pod, place_pod, read_pod
+from gpuwarden.lab.webhookstack import WebhookStack, create_pod
+
+from .webhook import api_error, example_pod, place_pod, read_pod
 
 
 @pytest.fixture(scope="module")

@@ -39,20 +39,18 @@ from gpuwarden.certs.rotation import (
     rotate_ca,
 )
 from gpuwarden.kube.webhooks import inject_ca_bundle
-
-from .controlplane import ControlPlane
-from .webhook import (
+from gpuwarden.lab.webhookstack import (
     RELEASE_NAME,
     WebhookStack,
-    api_error,
     create_pod,
-    example_pod,
-    place_pod,
     pod_annotations,
     presented_certificate,
     wait_for,
     wait_until_governed,
 )
+
+from .controlplane import ControlPlane
+from .webhook import api_error, example_pod, place_pod
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,786 @@
+"""gpuwarden serve against a lab control plane: the server process, its registration, and pods.
+
+The e2e suites, the scheduling lab's tests and ``bench/apiserver.py`` all set gpuwarden up this
+way, so it lives in the package beside the control plane it runs against:
+
+* :class:`GpuwardenServer`: ``gpuwarden serve`` as a subprocess (``python -m gpuwarden``) with a
+  certificate directory, ``--kubeconfig`` of the control plane (so Namespaces and PriorityClasses
+  come from the real API server through its watch caches), its JSON log and its /metrics. The
+  lab runs no gpuwarden service in its own process (``.importlinter``).
+* :func:`chart_webhook_configurations`: the Mutating and Validating WebhookConfigurations as
+  ``helm template charts/gpuwarden`` renders them, with ``clientConfig`` rewritten to
+  ``url: https://127.0.0.1:PORT/<path>`` and our CA as ``caBundle`` (there is no Service network).
+* PriorityClasses as the chart installs them, namespaces, and pods created through the
+  kubernetes client with the API server's Warning headers kept.
+* :func:`webhook_stack`: all of it as the chart describes one deployment, and
+  :meth:`WebhookStack.expect`, what the policy core decides for a pod as the webhook sees it.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import json
+import os
+import re
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, TypeVar
+
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlane, die_with_parent, free_ports
+from gpuwarden.policy import (
+    Admission,
+    AdmissionRequest,
+    ClusterView,
+    PolicySet,
+    PriorityClassInfo,
+    admit,
+    load_paths,
+)
+from gpuwarden.policy.spec.loader import policy_files
+
+Obj = dict[str, Any]
+T = TypeVar("T")
+
+POLICIES_DIR = REPO_ROOT / "policies"
+CHART_DIR = REPO_ROOT / "charts" / "gpuwarden"
+
+RELEASE_NAME = "gpuwarden"
+#: The namespace the chart is rendered into: the webhook's own namespace.
+RELEASE_NAMESPACE = "gpuwarden-system"
+
+#: Labels Kubeflow's profile controller puts on a profile namespace (examples/namespaces.yaml),
+#: less kubernetes.io/metadata.name, which the API server sets itself.
+KUBEFLOW_PROFILE_LABELS: Mapping[str, str] = {
+    "app.kubernetes.io/part-of": "kubeflow-profile",
+    "katib.kubeflow.org/metrics-collector-injection": "enabled",
+    "serving.kubeflow.org/inferenceservice": "enabled",
+    "pipelines.kubeflow.org/enabled": "true",
+}
+
+_POLL = 0.05
+_LOG_TAIL = 60
+
+
+def model(cls: Any, data: Mapping[str, Any]) -> Any:
+    """A kubernetes client model from wire-format data (its from_dict, never None here)."""
+    built = cls.from_dict(dict(data))
+    if built is None:
+        raise WebhookStackError(f"{cls.__name__}.from_dict returned None for {data!r}")
+    return built
+
+
+class WebhookStackError(AssertionError):
+    """Something the stack needed did not happen in time (the message says what).
+
+    An AssertionError: in a test, a stack that does not come up is a failed expectation.
+    """
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 15.0) -> T:
+    """Poll ``probe`` until it returns something other than None (or False), within a deadline."""
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while True:
+        try:
+            result = probe()
+        except (ApiException, OSError) as exc:
+            result = None
+            last_error = f"; last error: {type(exc).__name__}: {str(exc)[:500]}"
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() >= deadline:
+            raise WebhookStackError(f"timed out after {timeout:g}s waiting for {what}{last_error}")
+        time.sleep(_POLL)
+
+
+# --- certificates ----------------------------------------------------------------------------
+
+
+def presented_certificate(port: int, cafile: Path) -> bytes:
+    """The DER certificate a TLS server on 127.0.0.1:port presents (verified against cafile)."""
+    context = ssl.create_default_context(cafile=str(cafile))
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as sock,
+        context.wrap_socket(sock, server_hostname="127.0.0.1") as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    if der is None:
+        raise WebhookStackError(f"127.0.0.1:{port} presented no certificate")
+    return der
+
+
+# --- the server process ------------------------------------------------------------------------
+
+
+@dataclass
+class GpuwardenServer:
+    """``gpuwarden serve`` as a subprocess on loopback, with a self-managed certificate directory.
+
+    The HTTPS port stays the same across stop() and start(), so the webhook configurations that
+    point at it keep pointing at it.
+    """
+
+    workdir: Path
+    kubeconfig: Path
+    policies: Sequence[Path] = (POLICIES_DIR,)
+    failure_mode: str | None = None
+    extra_args: Sequence[str] = ()
+    startup_timeout: float = 60.0
+    port: int = 0
+    metrics_port: int = 0
+    _popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    _log: IO[bytes] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if not self.port or not self.metrics_port:
+            self.port, self.metrics_port = free_ports(2)
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.workdir / "certs"
+
+    @property
+    def ca_bundle_path(self) -> Path:
+        return self.cert_dir / "ca.crt"
+
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "gpuwarden.log"
+
+    @property
+    def base_url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def argv(self) -> list[str]:
+        argv = [sys.executable, "-m", "gpuwarden", "serve"]
+        for path in self.policies:
+            argv += ["--policies", str(path)]
+        argv += [
+            "--host=127.0.0.1",
+            f"--port={self.port}",
+            f"--metrics-port={self.metrics_port}",
+            f"--cert-dir={self.cert_dir}",
+            f"--kubeconfig={self.kubeconfig}",
+            # Certificate and policy files are checked this often (the rotation test waits on it).
+            "--reload-interval=0.2",
+            "--shutdown-timeout=5",
+        ]
+        if self.failure_mode is not None:
+            argv.append(f"--failure-mode={self.failure_mode}")
+        return argv + list(self.extra_args)
+
+    def start(self) -> None:
+        if self.running:
+            raise RuntimeError("gpuwarden serve is already running")
+        self._log = self.log_path.open("ab")
+        self._popen = subprocess.Popen(
+            self.argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # Killed with the test process, should that die without stopping it.
+            preexec_fn=die_with_parent,
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        last = "no answer yet"
+        while True:
+            code = self._popen.poll()
+            if code is not None:
+                raise WebhookStackError(
+                    f"gpuwarden serve exited with status {code} before it was ready:\n{self.tail()}"
+                )
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{self.metrics_port}/readyz", timeout=2
+                ) as response:
+                    if response.status == 200:
+                        break
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read().decode(errors='replace')}"
+            except OSError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if time.monotonic() >= deadline:
+                self.kill()
+                raise WebhookStackError(
+                    f"gpuwarden serve not ready after {self.startup_timeout:g}s ({last}):\n"
+                    f"{self.tail()}"
+                )
+            time.sleep(_POLL)
+        # The admission port answers too (the readiness probe is on the plain-HTTP port).
+        presented_certificate(self.port, self.ca_bundle_path)
+
+    def stop(self, *, sig: int = signal.SIGTERM, timeout: float = 15.0) -> None:
+        """Stop the process (SIGTERM: graceful; SIGKILL: as if it crashed) and wait for it."""
+        if self._popen is not None:
+            if self._popen.poll() is None:
+                self._popen.send_signal(sig)
+                try:
+                    self._popen.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    self._popen.kill()
+                    self._popen.wait(timeout=timeout)
+            self._popen = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def kill(self) -> None:
+        self.stop(sig=signal.SIGKILL)
+
+    def tail(self, lines: int = _LOG_TAIL) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    # -- what the server says about itself -------------------------------------------------
+
+    def log_records(self) -> list[Obj]:
+        """Every JSON line of the server's log so far (other lines are skipped)."""
+        if self._log is not None:
+            self._log.flush()
+        records = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    records.append(record)
+        return records
+
+    def admissions(self, *, namespace: str | None = None, pod: str | None = None) -> list[Obj]:
+        """The server's "admission" log lines (one per answered review), optionally filtered."""
+        return [
+            record
+            for record in self.log_records()
+            if record.get("msg") == "admission"
+            and (namespace is None or record.get("namespace") == namespace)
+            and (pod is None or record.get("pod") == pod)
+        ]
+
+    def awaited_admissions(
+        self, count: int, *, namespace: str | None = None, pod: str | None = None
+    ) -> list[Obj]:
+        """admissions(), once at least ``count`` lines are there: a review's line is flushed
+        just after its answer is sent, so a client holding the API server's reply can read the
+        log a moment before the line arrives."""
+
+        def enough() -> list[Obj] | None:
+            found = self.admissions(namespace=namespace, pod=pod)
+            return found if len(found) >= count else None
+
+        return wait_for(f"{count} admission log line(s) for {namespace}/{pod}", enough)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as response:
+            text: str = response.read().decode()
+        return text
+
+    def sample_sum(self, name: str, **labels: str) -> float:
+        """The sum of a metric's samples whose labels include ``labels``."""
+        total = 0.0
+        for family in text_string_to_metric_families(self.metrics()):
+            for sample in family.samples:
+                if sample.name != name:
+                    continue
+                if all(sample.labels.get(k) == v for k, v in labels.items()):
+                    total += sample.value
+        return total
+
+    def requests_answered(self, **labels: str) -> float:
+        """gpuwarden_admission_requests_total summed over the given labels (endpoint, ...)."""
+        return self.sample_sum("gpuwarden_admission_requests_total", **labels)
+
+    def ca_bundle_b64(self) -> str:
+        return base64.b64encode(self.ca_bundle_path.read_bytes()).decode()
+
+
+@contextlib.contextmanager
+def running_server(server: GpuwardenServer) -> Iterator[GpuwardenServer]:
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# --- what the chart renders ------------------------------------------------------------------
+
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+
+def render_chart(
+    helm: Path,
+    *,
+    values: Mapping[str, Any] | None = None,
+    namespace: str = RELEASE_NAMESPACE,
+    workdir: Path,
+) -> list[Obj]:
+    """``helm template gpuwarden charts/gpuwarden`` as a list of manifests."""
+    argv = [str(helm), "template", RELEASE_NAME, str(CHART_DIR), "--namespace", namespace]
+    if values:
+        values_file = workdir / f"values-{uuid.uuid4().hex[:8]}.yaml"
+        values_file.write_text(yaml.safe_dump(dict(values)))
+        argv += ["--values", str(values_file)]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    if result.returncode != 0:
+        raise WebhookStackError(f"{' '.join(argv)} failed ({result.returncode}):\n{result.stderr}")
+    return [doc for doc in yaml.safe_load_all(result.stdout) if isinstance(doc, dict)]
+
+
+def chart_webhook_configurations(
+    rendered: Iterable[Mapping[str, Any]], *, base_url: str, ca_bundle_b64: str
+) -> list[Obj]:
+    """The chart's webhook configurations, pointed at ``base_url`` with ``ca_bundle_b64``.
+
+    Only ``clientConfig`` changes: ``service: {path}`` becomes ``url: base_url + path``.
+    Everything else (rules, selectors, failurePolicy, reinvocationPolicy, timeouts, sideEffects,
+    matchConditions) is what the chart renders.
+    """
+    out: list[Obj] = []
+    for doc in rendered:
+        if doc.get("kind") not in WEBHOOK_KINDS:
+            continue
+        config = copy.deepcopy(dict(doc))
+        metadata = config.setdefault("metadata", {})
+        # cert-manager's CA injector is not running here; we set caBundle ourselves.
+        (metadata.get("annotations") or {}).pop("cert-manager.io/inject-ca-from", None)
+        for hook in config.get("webhooks") or []:
+            client_config = hook.get("clientConfig") or {}
+            service = client_config.get("service")
+            if service is not None:
+                path = service.get("path") or "/"
+            else:
+                path = "/" + client_config.get("url", "").split("/", 3)[-1]
+            hook["clientConfig"] = {"url": base_url + path, "caBundle": ca_bundle_b64}
+        out.append(config)
+    return out
+
+
+def install_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[Obj]) -> None:
+    """Create each configuration, or replace the one of the same name (keeping no old fields)."""
+    admission = k8s_client.AdmissionregistrationV1Api(api)
+    for config in configs:
+        name = config["metadata"]["name"]
+        if config["kind"] == "MutatingWebhookConfiguration":
+            body_m = model(k8s_client.V1MutatingWebhookConfiguration, config)
+            try:
+                current_m: Any = admission.read_mutating_webhook_configuration(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                admission.create_mutating_webhook_configuration(body_m)
+            else:
+                body_m.metadata.resource_version = current_m.metadata.resource_version
+                admission.replace_mutating_webhook_configuration(name, body_m)
+        else:
+            body_v = model(k8s_client.V1ValidatingWebhookConfiguration, config)
+            try:
+                current_v: Any = admission.read_validating_webhook_configuration(name)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                admission.create_validating_webhook_configuration(body_v)
+            else:
+                body_v.metadata.resource_version = current_v.metadata.resource_version
+                admission.replace_validating_webhook_configuration(name, body_v)
+
+
+def delete_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[Obj]) -> None:
+    admission = k8s_client.AdmissionregistrationV1Api(api)
+    for config in configs:
+        name = config["metadata"]["name"]
+        with contextlib.suppress(ApiException):
+            if config["kind"] == "MutatingWebhookConfiguration":
+                admission.delete_mutating_webhook_configuration(name)
+            else:
+                admission.delete_validating_webhook_configuration(name)
+
+
+def webhook_names(configs: Iterable[Mapping[str, Any]], kind: str) -> list[str]:
+    return [
+        str(hook["name"])
+        for config in configs
+        if config.get("kind") == kind
+        for hook in config.get("webhooks") or []
+    ]
+
+
+# --- PriorityClasses -------------------------------------------------------------------------
+
+
+def ensure_priority_classes(api: k8s_client.ApiClient, manifests: Iterable[Obj]) -> None:
+    scheduling = k8s_client.SchedulingV1Api(api)
+    for manifest in manifests:
+        try:
+            scheduling.create_priority_class(model(k8s_client.V1PriorityClass, manifest))
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+
+def priority_class_infos(manifests: Iterable[Mapping[str, Any]]) -> dict[str, PriorityClassInfo]:
+    return {
+        str(m["metadata"]["name"]): PriorityClassInfo(
+            value=int(m["value"]),
+            preemption_policy=str(m.get("preemptionPolicy") or "PreemptLowerPriority"),
+        )
+        for m in manifests
+    }
+
+
+# --- namespaces ------------------------------------------------------------------------------
+
+
+def create_namespace(
+    api: k8s_client.ApiClient,
+    prefix: str,
+    labels: Mapping[str, str] | None = None,
+    *,
+    name: str | None = None,
+) -> tuple[str, dict[str, str]]:
+    """A new namespace (unique name unless given; an existing one of that name is reused).
+
+    Returns its name and its labels as the API server stores them (with
+    kubernetes.io/metadata.name), which is what the webhook's namespace cache sees.
+    """
+    core = k8s_client.CoreV1Api(api)
+    name = name or f"{prefix}-{uuid.uuid4().hex[:8]}"
+    body = k8s_client.V1Namespace(
+        metadata=k8s_client.V1ObjectMeta(name=name, labels=dict(labels or {}))
+    )
+    try:
+        created: Any = core.create_namespace(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        created = core.read_namespace(name)
+    return name, dict(created.metadata.labels or {})
+
+
+# --- pods ------------------------------------------------------------------------------------
+
+
+WARNING_HEADER = re.compile(r'^\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+
+
+def parse_warning(header: str) -> str:
+    """The text of one RFC 7234 Warning header value (``299 - "text"``)."""
+    match = WARNING_HEADER.match(header.strip())
+    if match is None:
+        return header
+    return re.sub(r"\\(.)", r"\1", match.group(1))
+
+
+@dataclass(frozen=True)
+class Created:
+    """A pod as the API server returned it, and the warnings of the response."""
+
+    pod: Obj
+    warnings: tuple[str, ...]
+    status: int
+
+
+def create_pod(
+    api: k8s_client.ApiClient, pod: Mapping[str, Any], *, dry_run: bool = False
+) -> Created:
+    """POST the pod through the kubernetes client; the wire JSON and Warning headers come back.
+
+    Raises ApiException on refusal (its ``body`` holds the Status, its ``headers`` the warnings).
+    """
+    core = k8s_client.CoreV1Api(api)
+    # _preload_content=False: the raw urllib3 response, with every Warning header.
+    response: Any = core.create_namespaced_pod(
+        pod["metadata"]["namespace"],
+        model(k8s_client.V1Pod, pod),
+        dry_run="All" if dry_run else None,
+        _preload_content=False,
+    )
+    warnings = tuple(parse_warning(h) for h in response.headers.getlist("Warning"))
+    return Created(pod=json.loads(response.data), warnings=warnings, status=response.status)
+
+
+SERVER_SET_METADATA = (
+    "uid",
+    "creationTimestamp",
+    "resourceVersion",
+    "managedFields",
+    "generation",
+)
+
+
+def api_defaults(api: k8s_client.ApiClient, pod: Mapping[str, Any]) -> Obj:
+    """The pod with the API server's defaults applied, as a mutating webhook receives it."""
+    probe = copy.deepcopy(dict(pod))
+    namespace = probe["metadata"]["namespace"]
+    name = probe["metadata"]["name"]
+    probe["metadata"]["namespace"] = "kube-system"
+    # A name of its own: the pod itself may exist already (a dry run of it would conflict).
+    probe["metadata"]["name"] = f"defaults-{uuid.uuid4().hex[:12]}"
+    defaulted = create_pod(api, probe, dry_run=True).pod
+    defaulted["metadata"]["namespace"] = namespace
+    defaulted["metadata"]["name"] = name
+    for key in SERVER_SET_METADATA:
+        defaulted["metadata"].pop(key, None)
+    defaulted.pop("status", None)
+    return defaulted
+
+
+def gpu_probe_pod(namespace: str, *, name: str | None = None) -> Obj:
+    """A minimal pod asking for one GPU."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name or f"probe-{uuid.uuid4().hex[:8]}", "namespace": namespace},
+        "spec": {
+            "containers": [
+                {
+                    "name": "main",
+                    "image": "registry.invalid/cuda:12.4",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        },
+    }
+
+
+def pod_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
+    return dict((pod.get("metadata") or {}).get("annotations") or {})
+
+
+def wait_until_governed(
+    api: k8s_client.ApiClient, namespace: str, tenant: str, timeout: float = 15.0
+) -> None:
+    """Until a dry-run GPU pod in ``namespace`` comes back annotated for ``tenant``.
+
+    Proves the API server calls our registered webhook (its configuration informer has caught
+    up) and the webhook's namespace cache knows the namespace's labels.
+    """
+
+    def probe() -> bool:
+        created = create_pod(api, gpu_probe_pod(namespace), dry_run=True)
+        return pod_annotations(created.pod).get("gpuwarden.io/tenant") == tenant
+
+    wait_for(f"the webhook to govern namespace {namespace} as tenant {tenant}", probe, timeout)
+
+
+# --- what the policy core expects ------------------------------------------------------------
+
+
+def expected_admission(
+    pod: Mapping[str, Any],
+    policies: PolicySet,
+    *,
+    namespace_labels: Mapping[str, Mapping[str, str]],
+    priority_classes: Mapping[str, PriorityClassInfo],
+) -> Admission:
+    """What gpuwarden.policy decides for the pod, with the cluster as the webhook sees it."""
+    request = AdmissionRequest(
+        operation="CREATE", namespace=str(pod["metadata"]["namespace"]), pod=pod
+    )
+    cluster = ClusterView(namespace_labels=namespace_labels, priority_classes=priority_classes)
+    return admit(request, policies, cluster)
+
+
+# --- one gpuwarden deployment, as the chart describes it ---------------------------------------
+
+#: `gpuwarden serve` flags of the chart's Deployment that name in-cluster places (the mounted
+#: ConfigMap and Secret, the container ports); the fixture gives local ones instead.
+_LOCATION_FLAGS = (
+    "--policies",
+    "--tls-cert",
+    "--tls-key",
+    "--cert-dir",
+    "--service",
+    "--service-namespace",
+    "--port",
+    "--metrics-port",
+    "--host",
+)
+
+
+def chart_values_for(policy_sources: Sequence[Path]) -> Obj:
+    """Chart values that ship these policy files (the chart's own default governs nothing)."""
+    files = policy_files(policy_sources)
+    names = [f.name for f in files]
+    if len(set(names)) != len(names):
+        raise WebhookStackError(f"policy files with the same name: {names}")
+    return {"policies": {f.name: f.read_text() for f in files}}
+
+
+def chart_policies(rendered: Iterable[Mapping[str, Any]], directory: Path) -> Path:
+    """Write the chart's policy ConfigMap into ``directory`` as the kubelet would mount it."""
+    name = f"{RELEASE_NAME}-policies"
+    for doc in rendered:
+        if doc.get("kind") == "ConfigMap" and (doc.get("metadata") or {}).get("name") == name:
+            directory.mkdir(parents=True, exist_ok=True)
+            for key, text in (doc.get("data") or {}).items():
+                (directory / key).write_text(text)
+            return directory
+    raise WebhookStackError(f"helm template rendered no ConfigMap {name}")
+
+
+def chart_serve_args(rendered: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The behaviour flags the chart's Deployment gives `gpuwarden serve` (deadline, ...)."""
+    for doc in rendered:
+        if doc.get("kind") != "Deployment":
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            args = [str(a) for a in container.get("args") or []]
+            if args[:1] == ["serve"]:
+                return [a for a in args[1:] if not a.startswith(_LOCATION_FLAGS)]
+    raise WebhookStackError("helm template rendered no Deployment running `gpuwarden serve`")
+
+
+@dataclass
+class WebhookStack:
+    """gpuwarden serve plus the chart's webhook configurations pointing at it."""
+
+    api: k8s_client.ApiClient
+    server: GpuwardenServer
+    policies: PolicySet
+    chart: list[Obj]
+    priority_classes: dict[str, PriorityClassInfo]
+    configs: list[Obj] = field(default_factory=list)
+
+    def chart_configs(self) -> list[Obj]:
+        return chart_webhook_configurations(
+            self.chart, base_url=self.server.base_url, ca_bundle_b64=self.server.ca_bundle_b64()
+        )
+
+    def install(self, configs: list[Obj] | None = None) -> None:
+        self.configs = configs if configs is not None else self.chart_configs()
+        if not self.configs:
+            raise WebhookStackError(
+                f"helm template {CHART_DIR} rendered no Mutating/ValidatingWebhookConfiguration"
+            )
+        install_webhook_configurations(self.api, self.configs)
+
+    def uninstall(self) -> None:
+        delete_webhook_configurations(self.api, self.configs)
+
+    def namespace_labels(self, namespace: str) -> dict[str, str]:
+        ns: Any = k8s_client.CoreV1Api(self.api).read_namespace(namespace)
+        return dict(ns.metadata.labels or {})
+
+    def expect(self, pod: Mapping[str, Any]) -> Admission:
+        """The policy core's verdict on the pod as the API server hands it to the webhook.
+
+        That is the pod after the API server's defaulting (fieldRef apiVersion, restartPolicy,
+        imagePullPolicy, requests copied from limits, priority 0, ...), obtained by a dry-run
+        creation in kube-system, where no webhook of ours is called.
+        """
+        namespace = str(pod["metadata"]["namespace"])
+        return expected_admission(
+            api_defaults(self.api, pod),
+            self.policies,
+            namespace_labels={namespace: self.namespace_labels(namespace)},
+            priority_classes=self.priority_classes,
+        )
+
+    def tenant_namespace(
+        self,
+        prefix: str = "e2e-kf",
+        labels: Mapping[str, str] = KUBEFLOW_PROFILE_LABELS,
+        *,
+        name: str | None = None,
+    ) -> str:
+        """A namespace governed by a tenant, once the webhook knows it."""
+        namespace, stored = create_namespace(self.api, prefix, labels, name=name)
+        tenant = self.policies.tenant_for(namespace, stored)
+        if tenant is None:
+            raise WebhookStackError(f"namespace {namespace} with labels {stored} is in no tenant")
+        wait_until_governed(self.api, namespace, tenant.name)
+        return namespace
+
+
+@contextlib.contextmanager
+def webhook_stack(
+    api: k8s_client.ApiClient,
+    *,
+    kubeconfig: Path,
+    helm: Path,
+    workdir: Path,
+    policies: Sequence[Path] = (POLICIES_DIR,),
+    chart_values: Mapping[str, Any] | None = None,
+    server_args: Sequence[str] = (),
+) -> Iterator[WebhookStack]:
+    """gpuwarden as the chart installs it, with the webhook running here instead of in a pod.
+
+    ``helm template`` renders the chart with ``policies`` as its policy values. From the output:
+    the PriorityClasses are created first; the policy ConfigMap is written to a directory that
+    `gpuwarden serve` serves (as the Deployment mounts it); the Deployment's behaviour flags are
+    passed on; the webhook configurations are installed pointing at the local server. On exit
+    the configurations are deleted and the server stopped, so the next module's pods are not
+    sent to a server that is gone.
+    """
+    values = {**chart_values_for(policies), **dict(chart_values or {})}
+    chart = render_chart(helm, values=values, workdir=workdir)
+    served = chart_policies(chart, workdir / "policies")
+    policy_set = load_paths([str(served)])
+    classes = [doc for doc in chart if doc.get("kind") == "PriorityClass"]
+    ensure_priority_classes(api, classes)
+    server = GpuwardenServer(
+        workdir / "server",
+        kubeconfig=kubeconfig,
+        policies=(served,),
+        extra_args=[*chart_serve_args(chart), *server_args],
+    )
+    stack = WebhookStack(
+        api=api,
+        server=server,
+        policies=policy_set,
+        chart=chart,
+        priority_classes=priority_class_infos(classes),
+    )
+    with running_server(server):
+        stack.install()
+        try:
+            yield stack
+        finally:
+            stack.uninstall()
+
+
+@contextlib.contextmanager
+def plane_webhook_stack(
+    plane: ControlPlane, *, helm: Path, workdir: Path, policies: Sequence[Path]
+) -> Iterator[WebhookStack]:
+    """webhook_stack on a control plane, with an API client of its own closed at the end."""
+    api = plane.api_client()
+    try:
+        with webhook_stack(
+            api,
+            kubeconfig=plane.kubeconfig_path,
+            helm=helm,
+            workdir=workdir,
+            policies=policies,
+        ) as stack:
+            yield stack
+    finally:
+        api.close()  # type: ignore[no-untyped-call]
