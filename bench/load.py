@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -469,93 +469,90 @@ async def measure(
     return results
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="shorter phases")
-    for hidden in ("--baseline-server", "--precomputed-server"):
-        parser.add_argument(
-            hidden, nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS
-        )
-    args = parser.parse_args()
-    if args.baseline_server:
-        port, cert, key = args.baseline_server
-        baseline_server(int(port), cert, key)
-        return 0
-    if args.precomputed_server:
-        port, cert, key = args.precomputed_server
-        precomputed_server(int(port), cert, key)
-        return 0
-    seconds, max_seconds, wrk_seconds = (1.5, 2.0, 2) if args.quick else (3.0, 4.0, 4)
-    reviews_total = 20_000 if args.quick else 100_000
-    rates = [250, 500, 1000, 2000]
-    two_cores = (os.cpu_count() or 1) > 1
-    server_cpus, client_cpus = ({0}, {1}) if two_cores else (None, None)
-    if client_cpus:
-        os.sched_setaffinity(0, client_cpus)
-    requests = example_reviews()
-    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmp:
-        work = Path(tmp)
-        certs = issue_directory(work / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
-        ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
-        cert, key = str(certs.tls_cert), str(certs.tls_key)
-        py = sys.executable
+@dataclass(frozen=True)
+class Phases:
+    """How long each phase runs, and the offered loads."""
 
-        def gpuwarden(port: int, workers: int) -> list[str]:
-            return [
-                py, "-m", "gpuwarden", "serve", "--policies", str(ROOT / "policies"),
-                "--namespaces", str(ROOT / "examples" / "namespaces.yaml"),
-                "--tls-cert", cert, "--tls-key", key, "--host", "127.0.0.1", "--port", str(port),
-                "--metrics-port", "-1", "--workers", str(workers),
-            ]  # fmt: skip
+    seconds: float
+    max_seconds: float
+    wrk_seconds: int
+    reviews_total: int
+    rates: tuple[int, ...] = (250, 500, 1000, 2000)
 
-        table: list[Result] = []
-        wrk: dict[str, float | None] = {}
-        port = free_port()
-        with started(
-            [py, __file__, "--baseline-server", str(port), cert, key],
-            port,
-            ctx,
-            server_cpus,
-            work / "baseline.log",
-        ):
-            table += asyncio.run(
-                measure(port, ctx, requests, "baseline (1 core)", rates, seconds, max_seconds)
-            )
-            wrk["baseline"] = wrk_max(port, requests[0], wrk_seconds, 32)
-        port = free_port()
-        with started(gpuwarden(port, 1), port, ctx, server_cpus, work / "gpuwarden.log"):
-            table += asyncio.run(
-                measure(port, ctx, requests, "gpuwarden (1 core)", rates, seconds, max_seconds)
-            )
-            wrk["gpuwarden"] = wrk_max(port, requests[0], wrk_seconds, 32)
-        # Memory per replica on a fresh server: RSS as reviews accumulate (flat is the target).
-        port = free_port()
-        with started(gpuwarden(port, 1), port, ctx, server_cpus, work / "memory.log") as proc:
-            memory = memory_curve(proc.pid, port, ctx, requests, reviews_total, reviews_total // 10)
-        port = free_port()
-        with started(
-            [py, __file__, "--precomputed-server", str(port), cert, key],
-            port,
-            ctx,
-            server_cpus,
-            work / "precomputed.log",
-        ):
-            asyncio.run(closed_loop(port, ctx, requests, 8, 0.5, "warmup"))
-            table.append(
-                asyncio.run(
-                    closed_loop(port, ctx, requests, 32, max_seconds, "decisions precomputed")
-                )
-            )
-        port = free_port()
-        with started(gpuwarden(port, 2), port, ctx, None, work / "gpuwarden2.log"):
-            asyncio.run(closed_loop(port, ctx, requests, 8, 0.5, "warmup"))
-            table.append(
-                asyncio.run(
-                    closed_loop(port, ctx, requests, 32, max_seconds, "gpuwarden --workers 2")
-                )
-            )
-            wrk["workers2"] = wrk_max(port, requests[0], wrk_seconds, 32)
+    @classmethod
+    def of(cls, quick: bool) -> Phases:
+        if quick:
+            return cls(seconds=1.5, max_seconds=2.0, wrk_seconds=2, reviews_total=20_000)
+        return cls(seconds=3.0, max_seconds=4.0, wrk_seconds=4, reviews_total=100_000)
 
+
+@dataclass(frozen=True)
+class Measured:
+    """Every figure of a run: the table, wrk's maxima and the memory curve."""
+
+    table: list[Result]
+    wrk: dict[str, float | None]
+    memory: list[tuple[int, float]]
+
+
+def gpuwarden_argv(port: int, workers: int, cert: str, key: str) -> list[str]:
+    return [
+        sys.executable, "-m", "gpuwarden", "serve", "--policies", str(ROOT / "policies"),
+        "--namespaces", str(ROOT / "examples" / "namespaces.yaml"),
+        "--tls-cert", cert, "--tls-key", key, "--host", "127.0.0.1", "--port", str(port),
+        "--metrics-port", "-1", "--workers", str(workers),
+    ]  # fmt: skip
+
+
+def closed_loop_max(
+    port: int, ctx: ssl.SSLContext, requests: Sequence[bytes], label: str, seconds: float
+) -> Result:
+    """The maximum sustained throughput (32 connections) after a short warm-up."""
+    asyncio.run(closed_loop(port, ctx, requests, 8, 0.5, "warmup"))
+    return asyncio.run(closed_loop(port, ctx, requests, 32, seconds, label))
+
+
+def measure_servers(
+    requests: Sequence[bytes], phases: Phases, server_cpus: set[int] | None, work: Path
+) -> Measured:
+    """The baseline, gpuwarden, its memory, gpuwarden with decisions precomputed, two workers."""
+    certs = issue_directory(work / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+    ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
+    cert, key = str(certs.tls_cert), str(certs.tls_key)
+    py = sys.executable
+    table: list[Result] = []
+    wrk: dict[str, float | None] = {}
+    loads = (phases.rates, phases.seconds, phases.max_seconds)
+    port = free_port()
+    baseline = [py, __file__, "--baseline-server", str(port), cert, key]
+    with started(baseline, port, ctx, server_cpus, work / "baseline.log"):
+        table += asyncio.run(measure(port, ctx, requests, "baseline (1 core)", *loads))
+        wrk["baseline"] = wrk_max(port, requests[0], phases.wrk_seconds, 32)
+    port = free_port()
+    argv = gpuwarden_argv(port, 1, cert, key)
+    with started(argv, port, ctx, server_cpus, work / "gpuwarden.log"):
+        table += asyncio.run(measure(port, ctx, requests, "gpuwarden (1 core)", *loads))
+        wrk["gpuwarden"] = wrk_max(port, requests[0], phases.wrk_seconds, 32)
+    # Memory per replica on a fresh server: RSS as reviews accumulate (flat is the target).
+    port = free_port()
+    argv = gpuwarden_argv(port, 1, cert, key)
+    with started(argv, port, ctx, server_cpus, work / "memory.log") as proc:
+        total = phases.reviews_total
+        memory = memory_curve(proc.pid, port, ctx, requests, total, total // 10)
+    port = free_port()
+    precomputed = [py, __file__, "--precomputed-server", str(port), cert, key]
+    with started(precomputed, port, ctx, server_cpus, work / "precomputed.log"):
+        label = "decisions precomputed"
+        table.append(closed_loop_max(port, ctx, requests, label, phases.max_seconds))
+    port = free_port()
+    with started(gpuwarden_argv(port, 2, cert, key), port, ctx, None, work / "gpuwarden2.log"):
+        label = "gpuwarden --workers 2"
+        table.append(closed_loop_max(port, ctx, requests, label, phases.max_seconds))
+        wrk["workers2"] = wrk_max(port, requests[0], phases.wrk_seconds, 32)
+    return Measured(table, wrk, memory)
+
+
+def print_table(requests: Sequence[bytes], table: Sequence[Result]) -> None:
     print(
         f"\n{len(requests)} distinct AdmissionReviews (/mutate and /validate of {len(requests) // 2} example pods), "
         f"{os.cpu_count()} CPUs; servers on CPU 0, client on CPU 1\n"
@@ -565,6 +562,10 @@ def main() -> int:
     )
     for result in table:
         print(row(result))
+
+
+def print_throughput(table: Sequence[Result]) -> None:
+    """Throughput against the baseline, p99 at the target rate, time per request, two workers."""
     base = next(r for r in table if r.offered is None and r.label.startswith("baseline"))
     ours = next(r for r in table if r.offered is None and r.label.startswith("gpuwarden (1"))
     two = table[-1]
@@ -592,6 +593,11 @@ def main() -> int:
         f"--workers 2: {two.rate:.0f} req/s, {two.rate / ours.rate:.2f}x one worker "
         f"(on {os.cpu_count()} CPUs the client shares those cores: scaling cannot show here)"
     )
+
+
+def print_memory_and_wrk(
+    memory: Sequence[tuple[int, float]], wrk: Mapping[str, float | None]
+) -> None:
     first, last = memory[1][1], memory[-1][1]
     print(
         f"RSS of one worker: {memory[0][1]:.1f} MiB at start, {first:.1f} MiB after "
@@ -605,12 +611,44 @@ def main() -> int:
             f"{wrk['baseline']:.0f} req/s, ratio {wrk['gpuwarden'] / wrk['baseline']:.2f}; "
             f"--workers 2 {wrk['workers2'] or 0:.0f} req/s"
         )
+
+
+def print_busy_client(table: Sequence[Result]) -> None:
     busy = [r for r in table if r.client_cpu > 0.9]
     if busy:
         print(
             "note: the client used >90% of its core in: "
             + ", ".join(sorted({f"{r.label} @ {r.offered or 'max'}" for r in busy}))
         )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter phases")
+    for hidden in ("--baseline-server", "--precomputed-server"):
+        parser.add_argument(
+            hidden, nargs=3, metavar=("PORT", "CERT", "KEY"), help=argparse.SUPPRESS
+        )
+    args = parser.parse_args()
+    if args.baseline_server:
+        port, cert, key = args.baseline_server
+        baseline_server(int(port), cert, key)
+        return 0
+    if args.precomputed_server:
+        port, cert, key = args.precomputed_server
+        precomputed_server(int(port), cert, key)
+        return 0
+    two_cores = (os.cpu_count() or 1) > 1
+    server_cpus, client_cpus = ({0}, {1}) if two_cores else (None, None)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    requests = example_reviews()
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-") as tmp:
+        measured = measure_servers(requests, Phases.of(args.quick), server_cpus, Path(tmp))
+    print_table(requests, measured.table)
+    print_throughput(measured.table)
+    print_memory_and_wrk(measured.memory, measured.wrk)
+    print_busy_client(measured.table)
     return 0
 
 

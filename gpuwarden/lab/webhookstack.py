@@ -388,28 +388,29 @@ def install_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[
     admission = k8s_client.AdmissionregistrationV1Api(api)
     for config in configs:
         name = config["metadata"]["name"]
+        body: Any
+        read: Callable[[str], Any]
+        create: Callable[[Any], Any]
+        replace: Callable[[str, Any], Any]
         if config["kind"] == "MutatingWebhookConfiguration":
-            body_m = model(k8s_client.V1MutatingWebhookConfiguration, config)
-            try:
-                current_m: Any = admission.read_mutating_webhook_configuration(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                admission.create_mutating_webhook_configuration(body_m)
-            else:
-                body_m.metadata.resource_version = current_m.metadata.resource_version
-                admission.replace_mutating_webhook_configuration(name, body_m)
+            body = model(k8s_client.V1MutatingWebhookConfiguration, config)
+            read = admission.read_mutating_webhook_configuration
+            create = admission.create_mutating_webhook_configuration
+            replace = admission.replace_mutating_webhook_configuration
         else:
-            body_v = model(k8s_client.V1ValidatingWebhookConfiguration, config)
-            try:
-                current_v: Any = admission.read_validating_webhook_configuration(name)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
-                admission.create_validating_webhook_configuration(body_v)
-            else:
-                body_v.metadata.resource_version = current_v.metadata.resource_version
-                admission.replace_validating_webhook_configuration(name, body_v)
+            body = model(k8s_client.V1ValidatingWebhookConfiguration, config)
+            read = admission.read_validating_webhook_configuration
+            create = admission.create_validating_webhook_configuration
+            replace = admission.replace_validating_webhook_configuration
+        try:
+            current: Any = read(name)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            create(body)
+        else:
+            body.metadata.resource_version = current.metadata.resource_version
+            replace(name, body)
 
 
 def delete_webhook_configurations(api: k8s_client.ApiClient, configs: Iterable[Obj]) -> None:
