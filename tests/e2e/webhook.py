@@ -41,7 +41,8 @@ from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import REPO_ROOT
 
-# tests/lab imports these from here.
+# KUBEFLOW_PROFILE_LABELS, WebhookStack, create_pod, plane_webhook_stack and wait_for are the
+# stack's; tests/lab still imports them from here.
 __all__ = [
     "AUDIT_POLICY",
     "EXAMPLES_DIR",
