@@ -21,7 +21,7 @@ from gpuwarden.policy.pod.quantity import (
     format_bytes,
     format_mebibytes,
     parse_non_negative,
-    parse_quantity,
+    same_quantity,
 )
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
@@ -93,15 +93,6 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
-def _same_quantity(old: Any, new: str) -> bool:
-    if str(old) == new:
-        return True
-    try:
-        return parse_quantity(old) == parse_quantity(new)
-    except QuantityError:
-        return False
-
-
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     base = [*ref.path, "resources"]
     # A value the container set that the profile replaces or removes is said in a warning (the
@@ -121,7 +112,7 @@ def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: 
                 if (
                     old is not None
                     and name not in GPU_COUNT_RESOURCES
-                    and not _same_quantity(old, value)
+                    and not same_quantity(old, value)
                 ):
                     replaced[name] = f"{name} {old} -> {value}"
         patch.merge(path, values)

@@ -113,6 +113,19 @@ def parse_count(value: object) -> int:
     return int(result)
 
 
+def same_quantity(old: object, new: object) -> bool:
+    """Whether two resource values are the same quantity (``1Gi`` and ``1024Mi``). None is only
+    the same as None; values that do not parse are the same only as the same text."""
+    if old is None or new is None:
+        return old is new
+    if str(old) == str(new):
+        return True
+    try:
+        return parse_quantity(old) == parse_quantity(new)
+    except QuantityError:
+        return False
+
+
 def format_bytes(amount: Decimal | int) -> str:
     """The shortest exact binary-suffixed form: 8589934592 -> '8Gi', 1500 -> '1500'."""
     value = int(Decimal(amount).to_integral_value(rounding=ROUND_CEILING))

@@ -4,7 +4,6 @@ pod, never changed on an update) and the resources its profile set (never resize
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 from gpuwarden.policy.admission.checks.base import (
     CREATE,
@@ -16,7 +15,7 @@ from gpuwarden.policy.admission.checks.base import (
     container_path,
 )
 from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.quantity import QuantityError, parse_quantity
+from gpuwarden.policy.pod.quantity import same_quantity
 from gpuwarden.policy.pod.resources import annotations_of, containers
 from gpuwarden.policy.spec.backends import VOLCANO_PREEMPTABLE_ANNOTATION
 
@@ -48,15 +47,6 @@ def _changed_annotations(context: CheckContext) -> Iterator[Violation]:
             )
 
 
-def _same_quantity(old: Any, new: Any) -> bool:
-    if old is None or new is None:
-        return old is new
-    try:
-        return parse_quantity(old) == parse_quantity(new)
-    except QuantityError:
-        return str(old) == str(new)
-
-
 def _resize(context: CheckContext) -> Iterator[Violation]:
     """pods/resize may change the cpu and memory of running containers: not those the profile
     set (hostMemory, cpu), or a pod would keep its profile and outgrow it."""
@@ -77,7 +67,7 @@ def _resize(context: CheckContext) -> Iterator[Violation]:
         ):
             for name in sorted(values):
                 was, now = old.resources(section).get(name), new.resources(section).get(name)
-                if _same_quantity(was, now):
+                if same_quantity(was, now):
                     continue
                 yield Violation(
                     "scheduling",
