@@ -30,6 +30,7 @@ from gpuwarden.policy.pod.resources import (
     containers,
     is_gpu_resource,
 )
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.backends import (
     DEFAULT_SCHEDULER,
     VOLCANO_GROUP_NAME_ANNOTATION,
@@ -378,7 +379,7 @@ def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterVie
     return lines
 
 
-def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
+def _gang_queue_notes(view: PodView, plan: BackendPlan) -> list[str]:
     """A gang-scheduled pod's queue is its PodGroup's, not the pod's annotation.
 
     Volcano's PodGroup controller copies the pod's queue annotation only into the PodGroups it
@@ -387,7 +388,7 @@ def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
     creates the PodGroup itself, from ``runPolicy.schedulingPolicy.queue``.
     """
     queue = plan.annotations.get(VOLCANO_QUEUE_ANNOTATION)
-    group = annotations_of(pod).get(VOLCANO_GROUP_NAME_ANNOTATION)
+    group = view.annotations.get(VOLCANO_GROUP_NAME_ANNOTATION)
     if not queue or not group:
         return []
     return [
@@ -397,10 +398,10 @@ def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
 
 
 def _replaced_backend_annotations(
-    pod: Mapping[str, Any], plan: BackendPlan, profile: ResolvedProfile
+    view: PodView, plan: BackendPlan, profile: ResolvedProfile
 ) -> list[str]:
     """A backend annotation the user set that the profile replaces is said, never silent."""
-    current = annotations_of(pod)
+    current = view.annotations
     return [
         f"{key}: {current[key]} replaced by {value} (profile {profile.name})"
         for key, value in sorted(plan.annotations.items())
@@ -409,18 +410,19 @@ def _replaced_backend_annotations(
 
 
 def apply_placement(
-    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+    pod: Mapping[str, Any] | PodView, placement: Placement, cluster: ClusterView
 ) -> tuple[PatchBuilder, list[str]]:
-    """Apply a governed placement to a copy of the pod; returns the builder (its document is
-    the mutated pod) and notes for the warnings."""
+    """Apply a governed placement to a copy of the pod (or of the view's pod); returns the
+    builder (its document is the mutated pod) and notes for the warnings."""
+    view = pod if isinstance(pod, PodView) else PodView.of(pod)
     grant = placement.grant
     assert grant is not None
     profile = grant.profile
     backend_plan = grant.plan
-    patch = PatchBuilder(pod)
+    patch = PatchBuilder(view.pod)
     notes: list[str] = []
     targets = {granted.name: granted.grant for granted in placement.container_grants}
-    for ref in containers(pod, "containers"):
+    for ref in view.main_containers:
         own = targets.get(ref.name)
         if own is None:
             continue
@@ -429,10 +431,10 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
-        notes += _gang_queue_notes(pod, backend_plan)
+        notes += _gang_queue_notes(view, backend_plan)
     wanted = desired_annotations(placement)
     if backend_plan is not None:
-        notes += _replaced_backend_annotations(pod, backend_plan, profile)
+        notes += _replaced_backend_annotations(view, backend_plan, profile)
     patch.merge(["metadata", "annotations"], wanted)
     patch.discard(
         ["metadata", "annotations"], [key for key in _CONDITIONAL_ANNOTATIONS if key not in wanted]
@@ -472,14 +474,15 @@ def mutate_pod(
     pod = request.pod
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
         return Decision(), pod
-    placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
+    view = PodView.of(pod)
+    placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
     problems = placement.problems + size_problems(placement)
     if problems:
         warnings = bounded_warnings([warning(f"gpuwarden: {p}") for p in problems])
         return context_of(placement, warnings=warnings), pod
     if not placement.governed:
         return context_of(placement), pod
-    patch, notes = apply_placement(pod, placement, cluster)
+    patch, notes = apply_placement(view, placement, cluster)
     if not patch.ops:
         return context_of(placement), pod
     lines = _summary(placement, plan(placement), cluster) + [f"gpuwarden: {note}" for note in notes]

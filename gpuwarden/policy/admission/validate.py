@@ -26,6 +26,7 @@ from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, D
 from gpuwarden.policy.admission.mutate import context_of, plan, size_problems
 from gpuwarden.policy.admission.placement import Placement, place
 from gpuwarden.policy.pod.resources import labels_of
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.render import kueue
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -47,9 +48,8 @@ def violations(
     request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
 ) -> tuple[Placement, list[Violation]]:
     """Every violation of the pod, in check order (for `explain` and tests)."""
-    placement = place(
-        request.pod, request.namespace, cluster.labels_for(request.namespace), policies
-    )
+    view = PodView.of(request.pod)
+    placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
     found: list[Violation] = []
     if placement.problems and request.operation == "CREATE":
         found += [Violation("placement", "ProfileSelection", p) for p in placement.problems]
@@ -61,7 +61,7 @@ def violations(
     # Escapes are denied in every namespace the webhook sees, tenant or not; a namespace of no
     # tenant has no limits, quota or profile to check.
     enforcement = tenant.enforcement if tenant is not None else None
-    context = CheckContext(request, request.pod, placement, cluster, policies)
+    context = CheckContext(request, view, placement, cluster, policies)
     for check in checks_for(request_kind(request)):
         switch = check.switch
         if enforcement is None and switch not in ESCAPE_CHECKS:

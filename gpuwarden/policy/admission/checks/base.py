@@ -8,13 +8,14 @@ request, in the order of ``checks.CHECKS``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod.resources import ContainerRef
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.model import Tenant
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -62,7 +63,7 @@ class CheckContext:
     """The read-only facts of one validating decision."""
 
     request: AdmissionRequest
-    pod: Mapping[str, Any]  # the final (mutated) pod
+    view: PodView  # the final (mutated) pod, read once
     placement: Placement
     cluster: ClusterView
     policies: PolicySet

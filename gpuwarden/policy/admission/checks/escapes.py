@@ -25,9 +25,6 @@ from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
-    containers,
-    requests_gpu,
-    spec_of,
 )
 from gpuwarden.policy.spec.model import HamiBackend
 from gpuwarden.policy.spec.policyset import PolicySet
@@ -128,11 +125,11 @@ def _written_by_hamis_webhook(
 def _environment(context: CheckContext) -> Iterator[Violation]:
     """Variables that steer NVIDIA's toolkit or HAMi-core's limiter, and envFrom sources that
     could set them (on kubectl debug, in the new ephemeral containers only)."""
-    pod, placement, cluster = context.pod, context.placement, context.cluster
+    placement, cluster = context.placement, context.cluster
     fields = ("ephemeralContainers",) if request_kind(context.request) == DEBUG else ()
     owned = _owned_env(placement)
     targets = set(placement.containers)
-    for ref in containers(pod, *fields):
+    for ref in context.view.containers(*fields):
         mine = owned if ref.field == "containers" and ref.name in targets else {}
         gpus = _container_gpu_count(ref)
         for entry in ref.env():
@@ -253,11 +250,10 @@ def _runtime_class(context: CheckContext) -> Iterator[Violation]:
     their own environment, which the runtime then honours. The RuntimeClasses are the GPU
     Operator's nvidia and the toolkit's per-mode nvidia-cdi and nvidia-legacy (modeRuntime in
     NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk-installer/container/operator/operator.go)."""
-    pod = context.pod
-    name = spec_of(pod).get("runtimeClassName")
+    name = context.view.spec.get("runtimeClassName")
     if not isinstance(name, str) or not (name == "nvidia" or name.startswith("nvidia-")):
         return
-    if requests_gpu(pod):
+    if context.view.asks_for_gpu:
         return
     yield Violation(
         "environment",
@@ -292,7 +288,7 @@ def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
 
 
 def _device_list_mounts(context: CheckContext) -> Iterator[Violation]:
-    for ref in containers(context.pod):
+    for ref in context.view.all_containers:
         for index, mount in enumerate(ref.body.get("volumeMounts") or []):
             if not isinstance(mount, Mapping):
                 continue
@@ -309,7 +305,7 @@ def _device_list_mounts(context: CheckContext) -> Iterator[Violation]:
 
 
 def _host_path_volumes(context: CheckContext) -> Iterator[Violation]:
-    volumes = spec_of(context.pod).get("volumes")
+    volumes = context.view.spec.get("volumes")
     if not isinstance(volumes, list):
         return
     protected = _protected_paths(context.policies)
@@ -362,7 +358,7 @@ def _capability_violations(ref: ContainerRef, context: Mapping[str, Any]) -> Ite
 
 
 def _privilege(context: CheckContext) -> Iterator[Violation]:
-    for ref in containers(context.pod):
+    for ref in context.view.all_containers:
         security = ref.body.get("securityContext")
         if not isinstance(security, dict):
             continue
@@ -377,7 +373,7 @@ def _privilege(context: CheckContext) -> Iterator[Violation]:
 
 
 def _host_namespaces(context: CheckContext) -> Iterator[Violation]:
-    spec = spec_of(context.pod)
+    spec = context.view.spec
     for field in ("hostIPC", "hostPID"):
         if spec.get(field) is True:
             yield Violation(

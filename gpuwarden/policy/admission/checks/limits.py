@@ -3,9 +3,8 @@ resource claims (which bypass both) and the tenant's GPU-memory quota."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
 
 from gpuwarden.policy.admission.checks.base import (
     CREATE,
@@ -25,7 +24,8 @@ from gpuwarden.policy.pod.quantity import (
     parse_count,
     parse_non_negative,
 )
-from gpuwarden.policy.pod.resources import containers, is_gpu_resource, spec_of
+from gpuwarden.policy.pod.resources import is_gpu_resource
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.model import Tenant
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -34,7 +34,7 @@ def _quantities(context: CheckContext) -> Iterator[Violation]:
     """Invalid quantities are denied, never silently read as zero; so is a request above its
     limit (a profile's cpu or hostMemory can make one), with the fix rather than the API
     server's later rejection."""
-    for ref in containers(context.pod):
+    for ref in context.view.all_containers:
         values: dict[str, dict[str, Decimal]] = {"limits": {}, "requests": {}}
         for section in ("limits", "requests"):
             for name, value in ref.resources(section).items():
@@ -89,14 +89,14 @@ def _too_many_gpus(placement: Placement, tenant: str, limit: int) -> str:
     )
 
 
-def _skipped_gpu_violations(placement: Placement, pod: Mapping[str, Any]) -> Iterator[Violation]:
+def _skipped_gpu_violations(placement: Placement, view: PodView) -> Iterator[Violation]:
     """A pod a skip rule leaves untouched still keeps to its tenant's GPUs per pod."""
     tenant, rule = placement.tenant, placement.rule
     if tenant is None or rule is None or tenant.limits.max_gpus_per_pod is None:
         return
     limit = tenant.limits.max_gpus_per_pod
     try:
-        asked = sum(ref.asked_gpus() or 0 for ref in containers(pod))
+        asked = sum(view.asked_gpus(ref) or 0 for ref in view.all_containers)
     except QuantityError:
         return  # the quantities check names the field
     if asked > limit:
@@ -109,10 +109,10 @@ def _skipped_gpu_violations(placement: Placement, pod: Mapping[str, Any]) -> Ite
 
 
 def _tenant_limits(context: CheckContext) -> Iterator[Violation]:
-    placement, pod = context.placement, context.pod
+    placement = context.placement
     tenant, profile = placement.tenant, placement.profile
     if placement.source == "skip":
-        yield from _skipped_gpu_violations(placement, pod)
+        yield from _skipped_gpu_violations(placement, context.view)
         return
     if tenant is None or profile is None:
         return
@@ -158,15 +158,15 @@ def _resource_claims(context: CheckContext) -> Iterator[Violation]:
     gpuwarden does not see, so no profile, limit or quota would apply. A tenant's pods get GPUs
     through device plugins unless its limits allow claims. Namespaces of no tenant have no
     limits or quota for a claim to bypass (a claim escapes no isolation the device plugins keep)."""
-    pod, tenant = context.pod, context.tenant
+    view, tenant = context.view, context.tenant
     if tenant is None or tenant.limits.allow_resource_claims:
         return
-    claims = spec_of(pod).get("resourceClaims")
+    claims = view.spec.get("resourceClaims")
     fields = [
         f"spec.resourceClaims[{c.get('name', index) if isinstance(c, dict) else index}]"
         for index, c in enumerate(claims if isinstance(claims, list) else [])
     ]
-    for ref in containers(pod):
+    for ref in view.all_containers:
         resources = ref.body.get("resources")
         if isinstance(resources, dict) and resources.get("claims"):
             fields.append(f"{container_path(ref)}.resources.claims")
@@ -197,7 +197,7 @@ def _quota(context: CheckContext) -> Iterator[Violation]:
     tenant, profile = context.tenant, context.placement.profile
     if tenant is None or profile is None or tenant.limits.gpu_memory_quota is None:
         return
-    wanted = admitted_gpu_memory(context.pod)
+    wanted = admitted_gpu_memory(context.view.pod)
     if wanted == 0:
         return
     quota = parse_non_negative(tenant.limits.gpu_memory_quota)

@@ -18,7 +18,6 @@ from gpuwarden.policy.admission.decision import ClusterView
 from gpuwarden.policy.admission.mutate import apply_placement, plan, size_problems
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.resources import containers, requests_gpu, spec_of
 from gpuwarden.policy.spec.model import HamiBackend, Tenant, VolcanoBackend
 
 
@@ -33,9 +32,9 @@ def _readable(path: str) -> str:
 def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
     """A GPU pod that no rule gives a profile, or a field that contradicts its profile (the
     mutation re-run on the final pod would still change it)."""
-    pod, placement, cluster = context.pod, context.placement, context.cluster
+    view, placement, cluster = context.view, context.placement, context.cluster
     if not placement.governed:
-        if placement.tenant is not None and placement.source != "skip" and requests_gpu(pod):
+        if placement.tenant is not None and placement.source != "skip" and view.asks_for_gpu:
             yield Violation(
                 "scheduling",
                 "NoGPUProfile",
@@ -45,7 +44,7 @@ def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
         return
     if size_problems(placement):
         return  # not mutated, and denied for its size: nothing to compare
-    desired, _ = apply_placement(pod, placement, cluster)
+    desired, _ = apply_placement(view, placement, cluster)
     if desired.ops:
         first = desired.ops[0]
         field = _readable(str(first["path"]))
@@ -59,7 +58,7 @@ def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
             "remove your change and let gpuwarden set it",
         )
     targets = set(placement.containers)
-    for ref in containers(pod):
+    for ref in view.all_containers:
         if ref.field == "containers" and ref.name in targets:
             continue
         if ref.asks_for_gpu():
@@ -75,9 +74,8 @@ def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
 def _node_name(context: CheckContext) -> Iterator[Violation]:
     """A GPU pod bound to a node by name never meets the scheduler: no device assignment (Volcano
     and HAMi write it), no queue, no packing, and no check that the node has the GPUs free."""
-    pod = context.pod
-    node = spec_of(pod).get("nodeName")
-    if not node or not requests_gpu(pod):
+    node = context.view.spec.get("nodeName")
+    if not node or not context.view.asks_for_gpu:
         return
     yield Violation(
         "scheduling",
@@ -108,11 +106,11 @@ def _foreign_scheduler(context: CheckContext) -> Iterator[Violation]:
     replicas: the kubelet refuses a pod past the node's devices). Where only the backend's own
     scheduler can assign the device, another scheduler would start a pod with no device, or
     none at all, outside the tenant's queue: denied."""
-    pod, placement = context.pod, context.placement
+    placement = context.placement
     profile, backend_plan = placement.profile, plan(placement)
     if not placement.governed or profile is None or backend_plan is None:
         return
-    wanted, current = backend_plan.scheduler_name, spec_of(pod).get("schedulerName")
+    wanted, current = backend_plan.scheduler_name, context.view.spec.get("schedulerName")
     if (
         wanted is None
         or current in (None, "", wanted)

@@ -16,7 +16,8 @@ from gpuwarden.policy.admission.checks.base import (
 )
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import same_quantity
-from gpuwarden.policy.pod.resources import annotations_of, containers
+from gpuwarden.policy.pod.resources import annotations_of
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.backends import VOLCANO_PREEMPTABLE_ANNOTATION
 
 
@@ -26,7 +27,7 @@ def _changed_annotations(context: CheckContext) -> Iterator[Violation]:
     preempt the pod: nobody may change them, in any namespace."""
     request = context.request
     old = annotations_of(request.old_pod or {})
-    new = annotations_of(request.pod)
+    new = context.view.annotations
     for key in sorted(set(old) | set(new)):
         if old.get(key) == new.get(key):
             continue
@@ -55,8 +56,8 @@ def _resize(context: CheckContext) -> Iterator[Violation]:
     if old_pod is None or not placement.governed:
         return
     profile = placement.profile.name if placement.profile else "?"
-    before = {ref.name: ref for ref in containers(old_pod, "containers")}
-    after = {ref.name: ref for ref in containers(request.pod, "containers")}
+    before = PodView.of(old_pod).main_by_name
+    after = context.view.main_by_name
     for granted in placement.container_grants:
         old, new = before.get(granted.name), after.get(granted.name)
         if old is None or new is None:
@@ -83,7 +84,7 @@ def _forged_annotations(context: CheckContext) -> Iterator[Violation]:
     tenant's GPU memory or steer the node agent."""
     if context.placement.governed:
         return  # the mutation wrote them, and the scheduling check compares them
-    forged = sorted(k for k in annotations_of(context.pod) if k in keys.DECISION_ANNOTATIONS)
+    forged = sorted(k for k in context.view.annotations if k in keys.DECISION_ANNOTATIONS)
     if forged:
         yield Violation(
             "annotations",
