@@ -236,6 +236,24 @@ POLICY_SETS = {"default": DEFAULT, "backends": BACKENDS}
 @pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
 @FUZZ
 @given(generated=pods())
+def test_admit_decides_as_the_api_server_does(
+    policy_set: str, generated: tuple[str, dict[str, Any]]
+) -> None:
+    """admit() reuses the mutation's reading of a pod it left unchanged: the decisions are those
+    of the two webhook calls the API server makes, the second on the patched pod."""
+    policies = POLICY_SETS[policy_set]
+    namespace, pod = generated
+    request = AdmissionRequest("CREATE", namespace, pod)
+    mutation = mutate(request, policies, CLUSTER)
+    final = jsonpatch.apply_patch(copy.deepcopy(pod), [dict(op) for op in mutation.patch])
+    validation = validate(AdmissionRequest("CREATE", namespace, final), policies, CLUSTER)
+    result = admit(request, policies, CLUSTER)
+    assert (result.mutation, result.validation, result.pod) == (mutation, validation, final)
+
+
+@pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
+@FUZZ
+@given(generated=pods())
 def test_patch_applies_and_is_idempotent(
     policy_set: str, generated: tuple[str, dict[str, Any]]
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwarden.policy.admission.decision import (
     AdmissionRequest,
@@ -463,28 +463,41 @@ def context_of(
     )
 
 
+class Placed(NamedTuple):
+    """A pod a mutation read, placed and left as it was: deciding on it again would read and
+    place it the same, and re-applying the placement would change nothing."""
+
+    view: PodView
+    placement: Placement
+
+
+class Mutation(NamedTuple):
+    decision: Decision
+    pod: Mapping[str, Any]  # the pod as the patch leaves it
+    placed: Placed | None = None  # where the mutation placed the pod and left it as it was
+
+
 def mutate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
-    return mutate_pod(request, policies, cluster)[0]
+    return mutation(request, policies, cluster).decision
 
 
-def mutate_pod(
-    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
-) -> tuple[Decision, Mapping[str, Any]]:
+def mutation(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Mutation:
     """The mutating decision and the pod as its patch leaves it."""
     pod = request.pod
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
-        return Decision(), pod
+        return Mutation(Decision(), pod)
     view = PodView.of(pod)
     placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
+    unchanged = Placed(view, placement)
     problems = placement.problems + size_problems(placement)
     if problems:
         warnings = bounded_warnings([warning(f"gpuwarden: {p}") for p in problems])
-        return context_of(placement, warnings=warnings), pod
+        return Mutation(context_of(placement, warnings=warnings), pod, unchanged)
     if not placement.governed:
-        return context_of(placement), pod
+        return Mutation(context_of(placement), pod, unchanged)
     patch, notes = apply_placement(view, placement, cluster)
     if not patch.ops:
-        return context_of(placement), pod
+        return Mutation(context_of(placement), pod, unchanged)
     lines = _summary(placement, plan(placement), cluster) + [f"gpuwarden: {note}" for note in notes]
     audit = {
         "profile": str(placement.profile.name if placement.profile else None),
@@ -498,7 +511,7 @@ def mutate_pod(
         warnings=bounded_warnings([warning(line) for line in lines]),
         audit_annotations=audit,
     )
-    return decision, patch.document
+    return Mutation(decision, patch.document)
 
 
 def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:

@@ -23,7 +23,7 @@ from gpuwarden.policy.admission.checks import (
 from gpuwarden.policy.admission.checks.base import MAX_SHOWN
 from gpuwarden.policy.admission.checks.escapes import FORBIDDEN_ENV, escape_effect
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision, warning
-from gpuwarden.policy.admission.mutate import context_of, plan, size_problems
+from gpuwarden.policy.admission.mutate import Placed, context_of, plan, size_problems
 from gpuwarden.policy.admission.placement import Placement, place
 from gpuwarden.policy.pod.resources import labels_of
 from gpuwarden.policy.pod.view import PodView
@@ -45,11 +45,18 @@ _ALWAYS = frozenset({"quantities", "annotations"})
 
 
 def violations(
-    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    placed: Placed | None = None,
 ) -> tuple[Placement, list[Violation]]:
-    """Every violation of the pod, in check order (for `explain` and tests)."""
-    view = PodView.of(request.pod)
-    placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
+    """Every violation of the pod, in check order (for `explain` and tests). ``placed``: what a
+    mutation that left this very pod as it was read and placed of it."""
+    if placed is None:
+        view = PodView.of(request.pod)
+        placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
+    else:
+        view, placement = placed
     found: list[Violation] = []
     if placement.problems and request.operation == "CREATE":
         found += [Violation("placement", "ProfileSelection", p) for p in placement.problems]
@@ -61,7 +68,7 @@ def violations(
     # Escapes are denied in every namespace the webhook sees, tenant or not; a namespace of no
     # tenant has no limits, quota or profile to check.
     enforcement = tenant.enforcement if tenant is not None else None
-    context = CheckContext(request, view, placement, cluster, policies)
+    context = CheckContext(request, view, placement, cluster, policies, settled=placed is not None)
     for check in checks_for(request_kind(request)):
         switch = check.switch
         if enforcement is None and switch not in ESCAPE_CHECKS:
@@ -89,7 +96,14 @@ def kueue_template_warnings(request: AdmissionRequest, placement: Placement) -> 
     return (warning(f"gpuwarden: Kueue charged the job's template, but {rewrite.why}"),)
 
 
-def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
+def validate(
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    placed: Placed | None = None,
+) -> Decision:
+    """The validating decision on the final pod; ``placed`` as for violations()."""
     pod = request.pod
     if request.operation not in ("CREATE", "UPDATE") or not isinstance(pod.get("spec"), Mapping):
         return Decision()
@@ -97,7 +111,7 @@ def validate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
         return Decision()
     if request.sub_resource not in ("", "ephemeralcontainers", "resize"):
         return Decision()
-    placement, found = violations(request, policies, cluster)
+    placement, found = violations(request, policies, cluster, placed)
     base = context_of(placement, warnings=kueue_template_warnings(request, placement))
     if not found:
         return base

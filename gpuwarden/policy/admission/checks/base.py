@@ -67,6 +67,9 @@ class CheckContext:
     placement: Placement
     cluster: ClusterView
     policies: PolicySet
+    #: The mutation placed this very pod as ``placement`` and left it as it was, so re-applying
+    #: the placement would change nothing.
+    settled: bool = False
 
     @property
     def tenant(self) -> Tenant | None:

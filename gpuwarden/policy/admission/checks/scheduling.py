@@ -44,9 +44,9 @@ def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
         return
     if size_problems(placement):
         return  # not mutated, and denied for its size: nothing to compare
-    desired, _ = apply_placement(view, placement, cluster)
-    if desired.ops:
-        first = desired.ops[0]
+    desired = () if context.settled else apply_placement(view, placement, cluster)[0].ops
+    if desired:
+        first = desired[0]
         field = _readable(str(first["path"]))
         wanted = first.get("value")
         profile = placement.profile.name if placement.profile else "?"
