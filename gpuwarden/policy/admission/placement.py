@@ -231,7 +231,7 @@ def target_containers(
         return tuple(name for name in rule.containers if name in names)
     if workload is not None and workload.container in names:
         return (workload.container,)
-    asking = tuple(ref.name for ref in refs if ref.asks_for_gpu())
+    asking = tuple(ref.name for ref in refs if view.gpus(ref).asks)
     if asking:
         return asking
     if profile is not None and profile.gpus == 0:

@@ -11,16 +11,70 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
-from gpuwarden.policy.pod.quantity import QuantityError
+from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.resources import (
+    GPU_COUNT_RESOURCES,
     ContainerRef,
     annotations_of,
     containers,
+    is_gpu_resource,
     labels_of,
     spec_of,
 )
+
+
+class ContainerGPUs(NamedTuple):
+    """A container's GPU resources, each value parsed once."""
+
+    #: ContainerRef.asks_for_gpu(): a GPU resource at anything but zero (or a count that does
+    #: not parse).
+    asks: bool
+    #: ContainerRef.asked_gpus(), or the QuantityError it raises.
+    asked: int | QuantityError | None
+    #: The devices its count resources give it, limits over requests; counts that do not parse
+    #: add none (the quantities check names them).
+    devices: int
+
+
+def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
+    counts: dict[str, int | QuantityError] = {}
+
+    def count(value: Any) -> int | QuantityError:
+        key = value if type(value) is str else None
+        if key is not None and key in counts:
+            return counts[key]
+        try:
+            result: int | QuantityError = parse_count(value)
+        except QuantityError as exc:
+            result = exc
+        if key is not None:
+            counts[key] = result
+        return result
+
+    asks, asked, best = False, None, 0
+    devices: dict[Any, int | QuantityError] = {}
+    for section in ("limits", "requests"):
+        for name, value in ref.resources(section).items():
+            if not is_gpu_resource(str(name)):
+                continue
+            parsed = count(value)
+            asks = asks or isinstance(parsed, QuantityError) or parsed != 0
+            if name not in GPU_COUNT_RESOURCES:
+                continue
+            devices.setdefault(name, parsed)  # limits first: they win
+            if asked is not None:
+                continue
+            if isinstance(parsed, QuantityError):
+                asked = QuantityError(f"resources.{section}[{name}]: {parsed}")
+            else:
+                best = max(best, parsed)
+    return ContainerGPUs(
+        asks,
+        asked if asked is not None else best or None,
+        sum(n for n in devices.values() if not isinstance(n, QuantityError)),
+    )
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,8 +87,8 @@ class PodView:
     annotations: Mapping[str, str]
     #: Every container, init containers first, then containers, then ephemeral containers.
     all_containers: tuple[ContainerRef, ...]
-    # Each container's asked_gpus(), or the error it raises, read when first asked for.
-    _asked: dict[int, int | QuantityError | None] = field(default_factory=dict, repr=False)
+    # Each container's GPU resources, read when first asked for.
+    _gpus: dict[int, ContainerGPUs] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
@@ -65,15 +119,17 @@ class PodView:
     def main_names(self) -> tuple[str, ...]:
         return tuple(ref.name for ref in self.main_containers)
 
-    def asked_gpus(self, ref: ContainerRef) -> int | None:
-        """``ref.asked_gpus()``, parsed once per container."""
+    def gpus(self, ref: ContainerRef) -> ContainerGPUs:
+        """The GPU resources of one of the view's containers, read once."""
         key = id(ref.body)
-        if key not in self._asked:
-            try:
-                self._asked[key] = ref.asked_gpus()
-            except QuantityError as exc:
-                self._asked[key] = exc
-        asked = self._asked[key]
+        found = self._gpus.get(key)
+        if found is None:
+            found = self._gpus[key] = _gpus_of(ref)
+        return found
+
+    def asked_gpus(self, ref: ContainerRef) -> int | None:
+        """``ref.asked_gpus()``, read once."""
+        asked = self.gpus(ref).asked
         if isinstance(asked, QuantityError):
             raise asked
         return asked
@@ -81,7 +137,7 @@ class PodView:
     @cached_property
     def asks_for_gpu(self) -> bool:
         """Whether any container asks for a GPU (as resources.requests_gpu reads it)."""
-        return any(ref.asks_for_gpu() for ref in self.all_containers)
+        return any(self.gpus(ref).asks for ref in self.all_containers)
 
     @cached_property
     def largest_gpu_request(self) -> int | None:

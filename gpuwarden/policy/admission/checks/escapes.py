@@ -21,9 +21,7 @@ from gpuwarden.policy.admission.checks.base import (
 from gpuwarden.policy.admission.decision import ClusterView
 from gpuwarden.policy.admission.mutate import plan
 from gpuwarden.policy.admission.placement import Placement
-from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.resources import (
-    GPU_COUNT_RESOURCES,
     ContainerRef,
 )
 from gpuwarden.policy.spec.model import HamiBackend
@@ -131,7 +129,7 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
     targets = set(placement.containers)
     for ref in context.view.containers(*fields):
         mine = owned if ref.field == "containers" and ref.name in targets else {}
-        gpus = _container_gpu_count(ref)
+        gpus = context.view.gpus(ref).devices
         for entry in ref.env():
             name = str(entry.get("name", ""))
             if FORBIDDEN_ENV.match(name):
@@ -154,17 +152,6 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
                         f"{container_path(ref)}.env[CUDA_VISIBLE_DEVICES]: {problem}; remove it",
                     )
         yield from _env_from_violations(ref, cluster, context.request.namespace)
-
-
-def _container_gpu_count(ref: ContainerRef) -> int:
-    total = 0
-    for name, value in ref.gpu_resources().items():
-        if name in GPU_COUNT_RESOURCES:
-            try:
-                total += parse_count(value)
-            except QuantityError:
-                continue
-    return total
 
 
 def _visible_devices_problem(value: str, gpus: int) -> str | None:

@@ -61,7 +61,7 @@ def _profile_mismatch(context: CheckContext) -> Iterator[Violation]:
     for ref in view.all_containers:
         if ref.field == "containers" and ref.name in targets:
             continue
-        if ref.asks_for_gpu():
+        if view.gpus(ref).asks:
             yield Violation(
                 "scheduling",
                 "PolicyMismatch",
