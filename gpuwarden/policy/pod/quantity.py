@@ -107,6 +107,8 @@ def parse_non_negative(value: object) -> Decimal:
 
 def parse_count(value: object) -> int:
     """An extended-resource count such as ``nvidia.com/gpu``: a whole, non-negative number."""
+    if type(value) is str and 0 < len(value) <= 12 and value.isascii() and value.isdigit():
+        return int(value)  # "1", "8": what parse_non_negative gives, without the Decimal
     result = parse_non_negative(value)
     if result != result.to_integral_value():
         raise QuantityError(f"{value!r} must be a whole number (extended resources are integers)")
