@@ -21,7 +21,7 @@ from gpuwarden.policy.admission.checks import (
     request_kind,
 )
 from gpuwarden.policy.admission.checks.base import MAX_SHOWN
-from gpuwarden.policy.admission.checks.escapes import FORBIDDEN_ENV, escape_effect
+from gpuwarden.policy.admission.checks.escapes import config_map_violations
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision, warning
 from gpuwarden.policy.admission.mutate import Placed, context_of, plan, size_problems
 from gpuwarden.policy.admission.placement import Placement, place
@@ -166,17 +166,7 @@ def validate_config_map(
     base = Decision(tenant=tenant.name if tenant is not None else None)
     if tenant is not None and not tenant.enforcement.environment:
         return base
-    data = config_map.get("data")
-    found = [
-        Violation(
-            "environment",
-            "GPUIsolationEscape",
-            f"data[{key}]: a pod's envFrom would set {key}, which {escape_effect(key)}; rename "
-            "or remove the key",
-        )
-        for key in sorted(str(k) for k in (data if isinstance(data, Mapping) else {}))
-        if FORBIDDEN_ENV.match(key)
-    ]
+    found = config_map_violations(config_map)
     if not found:
         return base
     return replace(

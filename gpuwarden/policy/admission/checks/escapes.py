@@ -44,11 +44,11 @@ _LIMITER_ENV = re.compile(
 # containers, cmd/nvidia-container-runtime-hook/container_config.go), and NVIDIA_IMEX_CHANNELS,
 # the IMEX channels through which jobs share GPU memory across nodes (honoured unless the
 # toolkit's ignore-imex-channel-requests feature is on).
-FORBIDDEN_ENV = re.compile(
+_FORBIDDEN_ENV = re.compile(
     r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_MIG_CONFIG_DEVICES"
     r"|NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
 )
-# One name of each shape FORBIDDEN_ENV matches: what an envFrom prefix may be the start of.
+# One name of each shape _FORBIDDEN_ENV matches: what an envFrom prefix may be the start of.
 _FORBIDDEN_SHAPES = (
     "NVIDIA_VISIBLE_DEVICES",
     "NVIDIA_DRIVER_CAPABILITIES",
@@ -66,7 +66,7 @@ _FORBIDDEN_SHAPES = (
 )
 
 
-def escape_effect(name: str) -> str:
+def _escape_effect(name: str) -> str:
     if _LIMITER_ENV.match(name):
         return "can lift the GPU caps HAMi-core's limiter holds the pod to"
     if name.startswith("NVIDIA_MIG_"):
@@ -82,7 +82,7 @@ def _prefix_reaches(prefix: str) -> bool:
     if any(len(shape) > len(prefix) and shape.startswith(prefix) for shape in _FORBIDDEN_SHAPES):
         return True
     # A prefix that already holds the start of an open name: CUDA_MPS_X, CUDA_DEVICE_SM_LIMIT_1.
-    return any(FORBIDDEN_ENV.match(prefix + tail) for tail in ("X", "0"))
+    return any(_FORBIDDEN_ENV.match(prefix + tail) for tail in ("X", "0"))
 
 
 def _reached_name(prefix: str) -> str:
@@ -90,7 +90,7 @@ def _reached_name(prefix: str) -> str:
     for shape in _FORBIDDEN_SHAPES:
         if len(shape) > len(prefix) and shape.startswith(prefix):
             return shape if shape != "CUDA_MPS_" else "CUDA_MPS_PIPE_DIRECTORY"
-    return prefix + ("X" if FORBIDDEN_ENV.match(prefix + "X") else "0")
+    return prefix + ("X" if _FORBIDDEN_ENV.match(prefix + "X") else "0")
 
 
 def _owned_env(placement: Placement) -> Mapping[str, str]:
@@ -132,7 +132,7 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
         gpus = context.view.gpus(ref).devices
         for entry in ref.env():
             name = str(entry.get("name", ""))
-            if FORBIDDEN_ENV.match(name):
+            if _FORBIDDEN_ENV.match(name):
                 if name in mine and entry.get("value") == mine[name] and "valueFrom" not in entry:
                     continue
                 if _written_by_hamis_webhook(name, entry, ref, placement):
@@ -140,7 +140,7 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
                 yield Violation(
                     "environment",
                     "GPUIsolationEscape",
-                    f"{container_path(ref)}.env[{name}]: setting {name} {escape_effect(name)}; "
+                    f"{container_path(ref)}.env[{name}]: setting {name} {_escape_effect(name)}; "
                     "remove it (gpuwarden and the device plugin set what is needed)",
                 )
             elif name == "CUDA_VISIBLE_DEVICES":
@@ -195,13 +195,13 @@ def _env_from_violations(
     for kind, name, prefix in _env_sources(ref):
         where = f"{container_path(ref)}.envFrom[{name}]"
         known = cluster.env_source_keys.get((kind, namespace, name))
-        formed = [key for key in sorted(known or ()) if FORBIDDEN_ENV.match(prefix + key)]
+        formed = [key for key in sorted(known or ()) if _FORBIDDEN_ENV.match(prefix + key)]
         for key in formed:
             yield Violation(
                 "environment",
                 "GPUIsolationEscape",
                 f"{where}: {kind} key {key} sets {prefix + key}, which "
-                f"{escape_effect(prefix + key)}; remove that key",
+                f"{_escape_effect(prefix + key)}; remove that key",
             )
         if formed or not _prefix_reaches(prefix):
             continue
@@ -212,7 +212,7 @@ def _env_from_violations(
                 "GPUIsolationEscape",
                 f"{where}: prefix {prefix} makes {kind} keys into {prefix}* variables: a key "
                 f"{variable[len(prefix) :]}, now or added later, would set {variable}, which "
-                f"{escape_effect(variable)}; use another prefix (APP_, say)",
+                f"{_escape_effect(variable)}; use another prefix (APP_, say)",
             )
         elif known is None and kind == "Secret":
             yield Violation(
@@ -369,6 +369,22 @@ def _host_namespaces(context: CheckContext) -> Iterator[Violation]:
                 f"spec.{field}: sharing the node's {field[4:]} namespace reaches other tenants' "
                 f"GPU processes; remove {field}: true",
             )
+
+
+def config_map_violations(config_map: Mapping[str, Any]) -> list[Violation]:
+    """A ConfigMap's keys that a pod's envFrom (without a prefix) would make into variables the
+    environment check denies."""
+    data = config_map.get("data")
+    return [
+        Violation(
+            "environment",
+            "GPUIsolationEscape",
+            f"data[{key}]: a pod's envFrom would set {key}, which {_escape_effect(key)}; rename "
+            "or remove the key",
+        )
+        for key in sorted(str(k) for k in (data if isinstance(data, Mapping) else {}))
+        if _FORBIDDEN_ENV.match(key)
+    ]
 
 
 ENVIRONMENT = Check("environment", "environment", frozenset({CREATE, DEBUG}), _environment)
