@@ -57,7 +57,7 @@ bench-peers: $(STAMP) tools kyverno
 	$(BIN)/python bench/apiserver.py
 
 fuzz: $(STAMP)
-	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/test_fuzz.py
+	GPUWARDEN_FUZZ_EXAMPLES=5000 $(BIN)/pytest tests/policy/test_fuzz.py
 
 ## Replay the built-in week of four tenants on the scheduling lab under each strategy (table + PNG).
 simulate: $(STAMP) tools

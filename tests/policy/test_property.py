@@ -24,7 +24,9 @@ from gpuwarden.policy import (
     mutate,
     validate,
 )
-from gpuwarden.policy.pod.resources import GPU_RESOURCES
+from gpuwarden.policy.pod.quantity import QuantityError, parse_count
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES, GPU_RESOURCES
+from gpuwarden.policy.pod.view import PodView
 
 from .support import POLICIES, namespace_labels, policies_from
 from .test_backends import SPEC as BACKENDS_SPEC
@@ -236,6 +238,24 @@ POLICY_SETS = {"default": DEFAULT, "backends": BACKENDS}
 @pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
 @FUZZ
 @given(generated=pods())
+def test_admit_decides_as_the_api_server_does(
+    policy_set: str, generated: tuple[str, dict[str, Any]]
+) -> None:
+    """admit() reuses the mutation's reading of a pod it left unchanged: the decisions are those
+    of the two webhook calls the API server makes, the second on the patched pod."""
+    policies = POLICY_SETS[policy_set]
+    namespace, pod = generated
+    request = AdmissionRequest("CREATE", namespace, pod)
+    mutation = mutate(request, policies, CLUSTER)
+    final = jsonpatch.apply_patch(copy.deepcopy(pod), [dict(op) for op in mutation.patch])
+    validation = validate(AdmissionRequest("CREATE", namespace, final), policies, CLUSTER)
+    result = admit(request, policies, CLUSTER)
+    assert (result.mutation, result.validation, result.pod) == (mutation, validation, final)
+
+
+@pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
+@FUZZ
+@given(generated=pods())
 def test_patch_applies_and_is_idempotent(
     policy_set: str, generated: tuple[str, dict[str, Any]]
 ) -> None:
@@ -361,3 +381,26 @@ def test_malformed_pods_never_raise(
         assert validation.allowed or validation.message
         admit(request, policies, CLUSTER)
     assert pod == original
+
+
+@FUZZ
+@given(body=containers())
+def test_a_pod_view_reads_gpu_resources_as_the_container_does(body: dict[str, Any]) -> None:
+    """PodView parses each GPU value once; what it reads is what ContainerRef reads."""
+    view = PodView.of({"spec": {"containers": [body]}})
+    (ref,) = view.all_containers
+    gpus = view.gpus(ref)
+    assert gpus.asks == ref.asks_for_gpu()
+    try:
+        asked: int | str | None = ref.asked_gpus()
+    except QuantityError as exc:
+        asked = str(exc)
+    assert (str(gpus.asked) if isinstance(gpus.asked, QuantityError) else gpus.asked) == asked
+    devices = 0
+    for name, value in ref.gpu_resources().items():
+        if name in GPU_COUNT_RESOURCES:
+            try:
+                devices += parse_count(value)
+            except QuantityError:
+                continue
+    assert gpus.devices == devices

@@ -16,6 +16,7 @@ from gpuwarden.policy.pod.quantity import (
     parse_count,
     parse_non_negative,
     parse_quantity,
+    same_quantity,
     to_mebibytes,
 )
 
@@ -182,3 +183,23 @@ def test_the_short_cut_agrees_with_the_grammar(digits: str, suffix: str) -> None
 def test_out_of_range_on_the_short_cut_too(text: str) -> None:
     with pytest.raises(QuantityError, match="out of range"):
         parse_quantity(text)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "same"),
+    [
+        ("1Gi", "1024Mi", True),
+        (4, "4", True),
+        ("500m", "0.5", True),
+        ("1Gi", "1G", False),
+        (None, None, True),
+        (None, "0", False),
+        ("4", None, False),
+        ("lots", "lots", True),
+        ("lots", "4", False),
+    ],
+)
+def test_same_quantity_compares_values_and_falls_back_to_text(
+    old: object, new: object, same: bool
+) -> None:
+    assert same_quantity(old, new) is same

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwarden.policy.admission.decision import (
     AdmissionRequest,
@@ -21,7 +21,7 @@ from gpuwarden.policy.pod.quantity import (
     format_bytes,
     format_mebibytes,
     parse_non_negative,
-    parse_quantity,
+    same_quantity,
 )
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
@@ -30,6 +30,7 @@ from gpuwarden.policy.pod.resources import (
     containers,
     is_gpu_resource,
 )
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.backends import (
     DEFAULT_SCHEDULER,
     VOLCANO_GROUP_NAME_ANNOTATION,
@@ -93,15 +94,6 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
-def _same_quantity(old: Any, new: str) -> bool:
-    if str(old) == new:
-        return True
-    try:
-        return parse_quantity(old) == parse_quantity(new)
-    except QuantityError:
-        return False
-
-
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     base = [*ref.path, "resources"]
     # A value the container set that the profile replaces or removes is said in a warning (the
@@ -121,7 +113,7 @@ def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: 
                 if (
                     old is not None
                     and name not in GPU_COUNT_RESOURCES
-                    and not _same_quantity(old, value)
+                    and not same_quantity(old, value)
                 ):
                     replaced[name] = f"{name} {old} -> {value}"
         patch.merge(path, values)
@@ -387,7 +379,7 @@ def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterVie
     return lines
 
 
-def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
+def _gang_queue_notes(view: PodView, plan: BackendPlan) -> list[str]:
     """A gang-scheduled pod's queue is its PodGroup's, not the pod's annotation.
 
     Volcano's PodGroup controller copies the pod's queue annotation only into the PodGroups it
@@ -396,7 +388,7 @@ def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
     creates the PodGroup itself, from ``runPolicy.schedulingPolicy.queue``.
     """
     queue = plan.annotations.get(VOLCANO_QUEUE_ANNOTATION)
-    group = annotations_of(pod).get(VOLCANO_GROUP_NAME_ANNOTATION)
+    group = view.annotations.get(VOLCANO_GROUP_NAME_ANNOTATION)
     if not queue or not group:
         return []
     return [
@@ -406,10 +398,10 @@ def _gang_queue_notes(pod: Mapping[str, Any], plan: BackendPlan) -> list[str]:
 
 
 def _replaced_backend_annotations(
-    pod: Mapping[str, Any], plan: BackendPlan, profile: ResolvedProfile
+    view: PodView, plan: BackendPlan, profile: ResolvedProfile
 ) -> list[str]:
     """A backend annotation the user set that the profile replaces is said, never silent."""
-    current = annotations_of(pod)
+    current = view.annotations
     return [
         f"{key}: {current[key]} replaced by {value} (profile {profile.name})"
         for key, value in sorted(plan.annotations.items())
@@ -418,18 +410,19 @@ def _replaced_backend_annotations(
 
 
 def apply_placement(
-    pod: Mapping[str, Any], placement: Placement, cluster: ClusterView
+    pod: Mapping[str, Any] | PodView, placement: Placement, cluster: ClusterView
 ) -> tuple[PatchBuilder, list[str]]:
-    """Apply a governed placement to a copy of the pod; returns the builder (its document is
-    the mutated pod) and notes for the warnings."""
+    """Apply a governed placement to a copy of the pod (or of the view's pod); returns the
+    builder (its document is the mutated pod) and notes for the warnings."""
+    view = pod if isinstance(pod, PodView) else PodView.of(pod)
     grant = placement.grant
     assert grant is not None
     profile = grant.profile
     backend_plan = grant.plan
-    patch = PatchBuilder(pod)
+    patch = PatchBuilder(view.pod)
     notes: list[str] = []
     targets = {granted.name: granted.grant for granted in placement.container_grants}
-    for ref in containers(pod, "containers"):
+    for ref in view.main_containers:
         own = targets.get(ref.name)
         if own is None:
             continue
@@ -438,10 +431,10 @@ def apply_placement(
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes
-        notes += _gang_queue_notes(pod, backend_plan)
+        notes += _gang_queue_notes(view, backend_plan)
     wanted = desired_annotations(placement)
     if backend_plan is not None:
-        notes += _replaced_backend_annotations(pod, backend_plan, profile)
+        notes += _replaced_backend_annotations(view, backend_plan, profile)
     patch.merge(["metadata", "annotations"], wanted)
     patch.discard(
         ["metadata", "annotations"], [key for key in _CONDITIONAL_ANNOTATIONS if key not in wanted]
@@ -470,27 +463,41 @@ def context_of(
     )
 
 
+class Placed(NamedTuple):
+    """A pod a mutation read, placed and left as it was: deciding on it again would read and
+    place it the same, and re-applying the placement would change nothing."""
+
+    view: PodView
+    placement: Placement
+
+
+class Mutation(NamedTuple):
+    decision: Decision
+    pod: Mapping[str, Any]  # the pod as the patch leaves it
+    placed: Placed | None = None  # where the mutation placed the pod and left it as it was
+
+
 def mutate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
-    return mutate_pod(request, policies, cluster)[0]
+    return mutation(request, policies, cluster).decision
 
 
-def mutate_pod(
-    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
-) -> tuple[Decision, Mapping[str, Any]]:
+def mutation(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Mutation:
     """The mutating decision and the pod as its patch leaves it."""
     pod = request.pod
     if request.operation != "CREATE" or request.sub_resource or not _is_pod(pod):
-        return Decision(), pod
-    placement = place(pod, request.namespace, cluster.labels_for(request.namespace), policies)
+        return Mutation(Decision(), pod)
+    view = PodView.of(pod)
+    placement = place(view, request.namespace, cluster.labels_for(request.namespace), policies)
+    unchanged = Placed(view, placement)
     problems = placement.problems + size_problems(placement)
     if problems:
         warnings = bounded_warnings([warning(f"gpuwarden: {p}") for p in problems])
-        return context_of(placement, warnings=warnings), pod
+        return Mutation(context_of(placement, warnings=warnings), pod, unchanged)
     if not placement.governed:
-        return context_of(placement), pod
-    patch, notes = apply_placement(pod, placement, cluster)
+        return Mutation(context_of(placement), pod, unchanged)
+    patch, notes = apply_placement(view, placement, cluster)
     if not patch.ops:
-        return context_of(placement), pod
+        return Mutation(context_of(placement), pod, unchanged)
     lines = _summary(placement, plan(placement), cluster) + [f"gpuwarden: {note}" for note in notes]
     audit = {
         "profile": str(placement.profile.name if placement.profile else None),
@@ -504,7 +511,7 @@ def mutate_pod(
         warnings=bounded_warnings([warning(line) for line in lines]),
         audit_annotations=audit,
     )
-    return decision, patch.document
+    return Mutation(decision, patch.document)
 
 
 def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision
-from gpuwarden.policy.admission.mutate import mutate_pod
+from gpuwarden.policy.admission.mutate import mutation
 from gpuwarden.policy.admission.validate import validate
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -37,6 +37,11 @@ def apply_patch(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
 
 
 def admit(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
-    mutation, pod = mutate_pod(request, policies, cluster)
-    validation = validate(replace(request, pod=pod), policies, cluster)
-    return Admission(mutation, validation, pod)
+    """Mutate, then validate the pod as the patch leaves it. A pod the mutation placed and left
+    as it was is decided once: the validation reuses what the mutation read and placed. A pod
+    the patch changed is read and placed again, as the API server's validating call would: the
+    patch's annotations and GPU counts can move it to another rule."""
+    mutated = mutation(request, policies, cluster)
+    final = replace(request, pod=mutated.pod)
+    validation = validate(final, policies, cluster, placed=mutated.placed)
+    return Admission(mutated.decision, validation, mutated.pod)

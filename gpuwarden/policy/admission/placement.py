@@ -8,14 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import QuantityError
-from gpuwarden.policy.pod.resources import (
-    ContainerRef,
-    annotations_of,
-    containers,
-    labels_of,
-    largest_gpu_request,
-    requests_gpu,
-)
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.pod.workloads import SIDECARS, Workload, identify
 from gpuwarden.policy.spec.backends import shared_slices_per_container
 from gpuwarden.policy.spec.matchers import MatchResult, PodFacts, match, may_match
@@ -167,8 +160,7 @@ def _judge(rule: WorkloadRule, facts: PodFacts) -> MatchResult:
 
 
 def _recorded_rule(
-    pod: Mapping[str, Any],
-    annotations: Mapping[str, str],
+    view: PodView,
     facts: PodFacts,
     policies: PolicySet,
     tenant: Tenant | None,
@@ -185,6 +177,7 @@ def _recorded_rule(
     exactly that count: all a forged record can choose is what asking for that count would
     give.
     """
+    annotations = view.annotations
     origin = annotations.get(keys.ANNOTATION_RULE, "")
     name = origin.removeprefix("rule/")
     if not origin.startswith("rule/") or not name:
@@ -204,10 +197,10 @@ def _recorded_rule(
     profile = policies.grant(rule.profile, tenant).profile
     if profile.gpus_set_by is None or not profile.gpus:
         return None
-    chosen = target_containers(pod, rule, workload, profile)
-    refs = {ref.name: ref for ref in containers(pod, "containers")}
+    chosen = target_containers(view, rule, workload, profile)
+    refs = view.main_by_name
     try:
-        if not chosen or any(refs[name].asked_gpus() != profile.gpus for name in chosen):
+        if not chosen or any(view.asked_gpus(refs[name]) != profile.gpus for name in chosen):
             return None
     except QuantityError:
         return None
@@ -225,26 +218,26 @@ def _tenant(
 
 
 def target_containers(
-    pod: Mapping[str, Any],
+    view: PodView,
     rule: WorkloadRule | None,
     workload: Workload | None,
     profile: ResolvedProfile | None = None,
 ) -> tuple[str, ...]:
     """The containers that get the GPU: the rule's list, else the workload's main container, else
     those already asking for a GPU, else the first container that is not a known sidecar."""
-    refs = list(containers(pod, "containers"))
-    names = [ref.name for ref in refs]
+    refs = view.main_containers
+    names = view.main_names
     if rule is not None and rule.containers:
         return tuple(name for name in rule.containers if name in names)
     if workload is not None and workload.container in names:
         return (workload.container,)
-    asking = tuple(ref.name for ref in refs if ref.asks_for_gpu())
+    asking = tuple(ref.name for ref in refs if view.gpus(ref).asks)
     if asking:
         return asking
     if profile is not None and profile.gpus == 0:
         # A GPU-free profile removed the GPU requests that chose its containers; on reinvocation
         # the recorded choice keeps the decision stable. It grants no GPU, so it widens nothing.
-        annotations = annotations_of(pod)
+        annotations = view.annotations
         if annotations.get(keys.ANNOTATION_PROFILE) == profile.name:
             recorded = annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",")
             kept = tuple(name for name in recorded if name in names)
@@ -260,12 +253,8 @@ def _gpus(granted: ContainerGrant) -> int:
     return granted.gpus
 
 
-def _named(pod: Mapping[str, Any], name: str) -> ContainerRef:
-    return next(ref for ref in containers(pod, "containers") if ref.name == name)
-
-
 def _container_grants(
-    pod: Mapping[str, Any],
+    view: PodView,
     chosen: tuple[str, ...],
     policies: PolicySet,
     profile_name: str,
@@ -273,13 +262,13 @@ def _container_grants(
 ) -> tuple[tuple[ContainerGrant, ...], tuple[str, ...]]:
     """Each target container's grant (its own GPU count, unless the policy sets one), and the
     counts no grant can honour."""
-    refs = {ref.name: ref for ref in containers(pod, "containers")} if len(chosen) > 1 else None
+    refs = view.main_by_name if len(chosen) > 1 else None
     grants: list[ContainerGrant] = []
     problems: list[str] = []
     for name in chosen:
-        ref = refs[name] if refs is not None else _named(pod, name)
+        ref = refs[name] if refs is not None else view.first_named(name)
         try:
-            asked = ref.asked_gpus()
+            asked = view.asked_gpus(ref)
         except QuantityError as exc:
             problems.append(f"spec.containers[{name}].{exc}")
             asked = None
@@ -327,13 +316,17 @@ def _label_profile(
 
 
 def place(
-    pod: Mapping[str, Any], namespace: str, namespace_labels: Mapping[str, str], policies: PolicySet
+    pod: Mapping[str, Any] | PodView,
+    namespace: str,
+    namespace_labels: Mapping[str, str],
+    policies: PolicySet,
 ) -> Placement:
+    """Resolve the pod (or the view of it a decision already read)."""
+    view = pod if isinstance(pod, PodView) else PodView.of(pod)
     tenant, tenant_reason = _tenant(policies, namespace, namespace_labels)
-    labels = labels_of(pod)
-    annotations = annotations_of(pod)
-    workload = identify(pod, labels, annotations)
-    asks_for_gpu = requests_gpu(pod)
+    labels, annotations = view.labels, view.annotations
+    workload = identify(view.pod, labels, annotations)
+    asks_for_gpu = view.asks_for_gpu
     facts = PodFacts(
         namespace,
         namespace_labels,
@@ -341,7 +334,7 @@ def place(
         annotations,
         workload,
         asks_for_gpu=asks_for_gpu,
-        largest_request=largest_gpu_request(pod) if asks_for_gpu else None,
+        largest_request=view.largest_gpu_request if asks_for_gpu else None,
     )
 
     def placed(
@@ -354,12 +347,14 @@ def place(
     ) -> Placement:
         grant = policies.grant(profile_name, tenant) if profile_name else None
         profile = grant.profile if grant is not None else None
-        chosen = target_containers(pod, rule, workload, profile) if profile is not None else ()
+        chosen = target_containers(view, rule, workload, profile) if profile is not None else ()
         if profile is not None and not chosen:
             problems += ("no container to give the GPU to (check the rule's containers)",)
         granted: tuple[ContainerGrant, ...] = ()
         if profile_name and chosen:
-            granted, count_problems = _container_grants(pod, chosen, policies, profile_name, tenant)
+            granted, count_problems = _container_grants(
+                view, chosen, policies, profile_name, tenant
+            )
             problems += count_problems
             grant = granted[0].grant if len(granted) == 1 else max(granted, key=_gpus).grant
             profile = grant.profile
@@ -386,7 +381,7 @@ def place(
         return placed("label", None, profile_name, (problem,) if problem else ())
 
     rules = policies.rules
-    kept = _recorded_rule(pod, annotations, facts, policies, tenant, workload)
+    kept = _recorded_rule(view, facts, policies, tenant, workload)
     if kept is not None:
         return placed("rule", rules[kept][0], rules[kept][0].profile, tried=kept + 1, recorded=True)
     for index, (first, _policy) in enumerate(rules):

@@ -107,10 +107,25 @@ def parse_non_negative(value: object) -> Decimal:
 
 def parse_count(value: object) -> int:
     """An extended-resource count such as ``nvidia.com/gpu``: a whole, non-negative number."""
+    if type(value) is str and 0 < len(value) <= 12 and value.isascii() and value.isdigit():
+        return int(value)  # "1", "8": what parse_non_negative gives, without the Decimal
     result = parse_non_negative(value)
     if result != result.to_integral_value():
         raise QuantityError(f"{value!r} must be a whole number (extended resources are integers)")
     return int(result)
+
+
+def same_quantity(old: object, new: object) -> bool:
+    """Whether two resource values are the same quantity (``1Gi`` and ``1024Mi``). None is only
+    the same as None; values that do not parse are the same only as the same text."""
+    if old is None or new is None:
+        return old is new
+    if str(old) == str(new):
+        return True
+    try:
+        return parse_quantity(old) == parse_quantity(new)
+    except QuantityError:
+        return False
 
 
 def format_bytes(amount: Decimal | int) -> str:

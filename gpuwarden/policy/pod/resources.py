@@ -153,13 +153,3 @@ def _is_zero(value: Any) -> bool:
 
 def requests_gpu(pod: Mapping[str, Any]) -> bool:
     return any(ref.asks_for_gpu() for ref in containers(pod))
-
-
-def largest_gpu_request(pod: Mapping[str, Any]) -> int | None:
-    """The most GPUs any one container asks for: 0 when none names a count (only GPU memory or
-    cores, say), None when a count is not whole (the grant names that field)."""
-    try:
-        counts = [ref.asked_gpus() for ref in containers(pod)]
-    except QuantityError:
-        return None
-    return max((c for c in counts if c is not None), default=0)

@@ -25,7 +25,7 @@ from gpuwarden.policy.spec.schema import (
     structural_schema,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # JSON Schema keywords a structural schema may not use (or Kubernetes does not know).
 FORBIDDEN = {
     "$ref",

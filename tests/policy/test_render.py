@@ -26,7 +26,7 @@ from gpuwarden.policy.render.objects import (
 )
 from gpuwarden.policy.spec.schema import crd_yaml, policy_field_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DEFAULT_POLICIES = REPO / "policies"
 
 

@@ -1,0 +1,399 @@
+"""Checks that keep a pod inside its GPUs: the environment (env and envFrom), NVIDIA's runtime
+class, host paths, privilege and the node's namespaces. They run in every namespace the webhook
+sees, tenant or not."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from gpuwarden.policy.admission.checks.base import (
+    CREATE,
+    DEBUG,
+    Check,
+    CheckContext,
+    Violation,
+    container_path,
+    request_kind,
+)
+from gpuwarden.policy.admission.decision import ClusterView
+from gpuwarden.policy.admission.mutate import plan
+from gpuwarden.policy.admission.placement import Placement
+from gpuwarden.policy.pod.resources import (
+    ContainerRef,
+)
+from gpuwarden.policy.spec.model import HamiBackend
+from gpuwarden.policy.spec.policyset import PolicySet
+
+# Variables HAMi-core's limiter (libvgpu.so, preloaded on Volcano vGPU and HAMi nodes) reads: a
+# container that sets them switches the limiter off or moves its caps. CUDA_DISABLE_CONTROL makes
+# both device plugins skip /etc/ld.so.preload (Allocate in Project-HAMi/volcano-vgpu-device-plugin
+# pkg/plugin/server.go and Project-HAMi/HAMi pkg/device-plugin/nvidiadevice/nvinternal/plugin/
+# server.go); the others are read by Project-HAMi/HAMi-core src/multiprocess/
+# multiprocess_memory_limit.c, and a pod's own env comes after the device plugin's, so it wins.
+_LIMITER_ENV = re.compile(
+    r"^(CUDA_DISABLE_CONTROL|GPU_CORE_UTILIZATION_POLICY|CUDA_DEVICE_MEMORY_LIMIT(_\d+)?"
+    r"|CUDA_DEVICE_SM_LIMIT(_\d+)?|CUDA_DEVICE_MEMORY_SHARED_CACHE|CUDA_OVERSUBSCRIBE"
+    r"|CUDA_TASK_PRIORITY)$"
+)
+# NVIDIA's container toolkit also reads (internal/config/image/envvars.go in
+# NVIDIA/nvidia-container-toolkit): NVIDIA_MIG_CONFIG_DEVICES and NVIDIA_MIG_MONITOR_DEVICES, MIG
+# configuration and monitoring of the node's GPUs (the runtime hook refuses them outside privileged
+# containers, cmd/nvidia-container-runtime-hook/container_config.go), and NVIDIA_IMEX_CHANNELS,
+# the IMEX channels through which jobs share GPU memory across nodes (honoured unless the
+# toolkit's ignore-imex-channel-requests feature is on).
+_FORBIDDEN_ENV = re.compile(
+    r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_MIG_CONFIG_DEVICES"
+    r"|NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
+)
+# One name of each shape _FORBIDDEN_ENV matches: what an envFrom prefix may be the start of.
+_FORBIDDEN_SHAPES = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "NVIDIA_IMEX_CHANNELS",
+    "CUDA_MPS_",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_LIMIT_0",
+    "CUDA_DEVICE_SM_LIMIT_0",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_OVERSUBSCRIBE",
+    "CUDA_TASK_PRIORITY",
+)
+
+
+def _escape_effect(name: str) -> str:
+    if _LIMITER_ENV.match(name):
+        return "can lift the GPU caps HAMi-core's limiter holds the pod to"
+    if name.startswith("NVIDIA_MIG_"):
+        return "asks NVIDIA's container toolkit to configure or monitor MIG on the node's GPUs"
+    if name == "NVIDIA_IMEX_CHANNELS":
+        return "asks NVIDIA's container toolkit for IMEX channels, where jobs share GPU memory"
+    return "can escape GPU isolation"
+
+
+def _prefix_reaches(prefix: str) -> bool:
+    """Whether some key makes ``prefix + key`` a variable the environment check denies (the
+    empty prefix reaches them all)."""
+    if any(len(shape) > len(prefix) and shape.startswith(prefix) for shape in _FORBIDDEN_SHAPES):
+        return True
+    # A prefix that already holds the start of an open name: CUDA_MPS_X, CUDA_DEVICE_SM_LIMIT_1.
+    return any(_FORBIDDEN_ENV.match(prefix + tail) for tail in ("X", "0"))
+
+
+def _reached_name(prefix: str) -> str:
+    """A denied variable that ``prefix`` and some key make (for a prefix that reaches one)."""
+    for shape in _FORBIDDEN_SHAPES:
+        if len(shape) > len(prefix) and shape.startswith(prefix):
+            return shape if shape != "CUDA_MPS_" else "CUDA_MPS_PIPE_DIRECTORY"
+    return prefix + ("X" if _FORBIDDEN_ENV.match(prefix + "X") else "0")
+
+
+def _owned_env(placement: Placement) -> Mapping[str, str]:
+    backend_plan = plan(placement) if placement.governed else None
+    return backend_plan.env if backend_plan is not None else {}
+
+
+def _written_by_hamis_webhook(
+    name: str, entry: Mapping[str, Any], ref: ContainerRef, placement: Placement
+) -> bool:
+    """The two limiter variables HAMi's own webhook writes (it runs before any validating
+    webhook): CUDA_TASK_PRIORITY from the container's nvidia.com/priority limit, and
+    GPU_CORE_UTILIZATION_POLICY from HAMi's gpuCorePolicy (MutateAdmission in Project-HAMi/HAMi
+    pkg/device/nvidia/device.go). Only those exact values pass."""
+    value = entry.get("value")
+    if "valueFrom" in entry or not isinstance(value, str):
+        return False
+    if name == "CUDA_TASK_PRIORITY":
+        priority = ref.resources("limits").get("nvidia.com/priority")
+        return priority is not None and str(priority) == value
+    if name == "GPU_CORE_UTILIZATION_POLICY":
+        profile = placement.profile
+        backend = profile.backend if profile is not None else None
+        if value == "force":  # stricter than the default: never an escape
+            return True
+        return isinstance(backend, HamiBackend) and backend.gpu_core_policy == value != "default"
+    return False
+
+
+def _environment(context: CheckContext) -> Iterator[Violation]:
+    """Variables that steer NVIDIA's toolkit or HAMi-core's limiter, and envFrom sources that
+    could set them (on kubectl debug, in the new ephemeral containers only)."""
+    placement, cluster = context.placement, context.cluster
+    fields = ("ephemeralContainers",) if request_kind(context.request) == DEBUG else ()
+    owned = _owned_env(placement)
+    targets = set(placement.containers)
+    for ref in context.view.containers(*fields):
+        mine = owned if ref.field == "containers" and ref.name in targets else {}
+        gpus = context.view.gpus(ref).devices
+        for entry in ref.env():
+            name = str(entry.get("name", ""))
+            if _FORBIDDEN_ENV.match(name):
+                if name in mine and entry.get("value") == mine[name] and "valueFrom" not in entry:
+                    continue
+                if _written_by_hamis_webhook(name, entry, ref, placement):
+                    continue
+                yield Violation(
+                    "environment",
+                    "GPUIsolationEscape",
+                    f"{container_path(ref)}.env[{name}]: setting {name} {_escape_effect(name)}; "
+                    "remove it (gpuwarden and the device plugin set what is needed)",
+                )
+            elif name == "CUDA_VISIBLE_DEVICES":
+                problem = _visible_devices_problem(str(entry.get("value", "")), gpus)
+                if problem:
+                    yield Violation(
+                        "environment",
+                        "GPUIsolationEscape",
+                        f"{container_path(ref)}.env[CUDA_VISIBLE_DEVICES]: {problem}; remove it",
+                    )
+        yield from _env_from_violations(ref, cluster, context.request.namespace)
+
+
+def _visible_devices_problem(value: str, gpus: int) -> str | None:
+    devices = [d for d in value.replace(" ", "").split(",") if d]
+    if value.strip().lower() in ("all", ""):
+        return "it asks for every GPU on the node" if value.strip() else None
+    if gpus == 0:
+        return "the container requests no GPU, so it must not select GPUs"
+    if len(devices) > gpus:
+        return f"it lists {len(devices)} devices but the container was given {gpus}"
+    return None
+
+
+def _env_sources(ref: ContainerRef) -> Iterator[tuple[str, str, str]]:
+    """(kind, name, prefix) of each ConfigMap and Secret the container's envFrom names."""
+    sources = ref.body.get("envFrom")
+    for source in sources if isinstance(sources, list) else []:
+        if not isinstance(source, dict):
+            continue
+        prefix = str(source.get("prefix") or "")
+        for kind, field in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
+            target = source.get(field)
+            if isinstance(target, dict) and target.get("name"):
+                yield kind, str(target["name"]), prefix
+
+
+def _env_from_violations(
+    ref: ContainerRef, cluster: ClusterView, namespace: str
+) -> Iterator[Violation]:
+    """envFrom makes a source's keys into variables at every container start, so a source is
+    judged by what it could hold, not only by what it holds now:
+
+    * a known ConfigMap's keys that make denied variables are denied by name;
+    * a prefix that some key would turn into a denied variable (NVIDIA_, CUDA_MPS_, C) is denied
+      whatever the source holds now: gpuwarden judges a ConfigMap's own keys when it changes,
+      without the prefix of each pod that reads it;
+    * without such a prefix, a source whose keys gpuwarden cannot read is denied: Secrets (the
+      webhook never reads them) and ConfigMaps it does not know (not created yet). A prefix that
+      reaches no denied variable (APP_) makes any source safe, whatever its keys.
+    """
+    for kind, name, prefix in _env_sources(ref):
+        where = f"{container_path(ref)}.envFrom[{name}]"
+        known = cluster.env_source_keys.get((kind, namespace, name))
+        formed = [key for key in sorted(known or ()) if _FORBIDDEN_ENV.match(prefix + key)]
+        for key in formed:
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: {kind} key {key} sets {prefix + key}, which "
+                f"{_escape_effect(prefix + key)}; remove that key",
+            )
+        if formed or not _prefix_reaches(prefix):
+            continue
+        if prefix:
+            variable = _reached_name(prefix)
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: prefix {prefix} makes {kind} keys into {prefix}* variables: a key "
+                f"{variable[len(prefix) :]}, now or added later, would set {variable}, which "
+                f"{_escape_effect(variable)}; use another prefix (APP_, say)",
+            )
+        elif known is None and kind == "Secret":
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: gpuwarden does not read Secrets, so a key NVIDIA_VISIBLE_DEVICES or "
+                "CUDA_MPS_* in it would escape GPU isolation unchecked; set a prefix (APP_, say) "
+                "or name each key under env with valueFrom.secretKeyRef",
+            )
+        elif known is None:
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: gpuwarden does not know ConfigMap {name} yet, so it cannot check its "
+                "keys for NVIDIA_VISIBLE_DEVICES or CUDA_MPS_*; create the ConfigMap before the "
+                "pod, or set a prefix (APP_, say)",
+            )
+
+
+def _runtime_class(context: CheckContext) -> Iterator[Violation]:
+    """NVIDIA's runtime on a pod without GPUs: CUDA images set NVIDIA_VISIBLE_DEVICES=all in
+    their own environment, which the runtime then honours. The RuntimeClasses are the GPU
+    Operator's nvidia and the toolkit's per-mode nvidia-cdi and nvidia-legacy (modeRuntime in
+    NVIDIA/nvidia-container-toolkit cmd/nvidia-ctk-installer/container/operator/operator.go)."""
+    name = context.view.spec.get("runtimeClassName")
+    if not isinstance(name, str) or not (name == "nvidia" or name.startswith("nvidia-")):
+        return
+    if context.view.asks_for_gpu:
+        return
+    yield Violation(
+        "environment",
+        "GPUIsolationEscape",
+        f"spec.runtimeClassName {name}: the pod asks for no GPU, and under NVIDIA's runtime a "
+        "CUDA image's own NVIDIA_VISIBLE_DEVICES=all exposes every GPU on the node; remove "
+        "runtimeClassName, or ask for a GPU in resources.limits",
+    )
+
+
+#: Where NVIDIA's container toolkit reads the GPUs to expose when the device plugin uses its
+#: volume-mounts device list strategy: a mount there selects devices.
+DEVICE_LIST_DIRECTORY = "/var/run/nvidia-container-devices"
+
+
+def _host_path(raw: str) -> str:
+    """A host path as the host resolves it: normalised, with /var/run as /run (a symlink on
+    every systemd host)."""
+    path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+    if path == "/var/run" or path.startswith("/var/run/"):
+        path = "/run" + path[len("/var/run") :]
+    return path
+
+
+def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
+    """The host directories of every policy's MPS daemons (their pipes and logs)."""
+    return tuple(
+        _host_path(directory)
+        for policy in policies.policies
+        for directory in (policy.spec.mps.pipe_directory, policy.spec.mps.log_directory)
+    )
+
+
+def _device_list_mounts(context: CheckContext) -> Iterator[Violation]:
+    for ref in context.view.all_containers:
+        for index, mount in enumerate(ref.body.get("volumeMounts") or []):
+            if not isinstance(mount, Mapping):
+                continue
+            target = _host_path(str(mount.get("mountPath", "")))
+            device_list = _host_path(DEVICE_LIST_DIRECTORY)
+            if target == device_list or target.startswith(device_list + "/"):
+                yield Violation(
+                    "host_paths",
+                    "GPUIsolationEscape",
+                    f"{container_path(ref)}.volumeMounts[{index}].mountPath {mount.get('mountPath')}: "
+                    "mounts there select GPUs for NVIDIA's container toolkit (volume-mounts "
+                    "device list); remove this mount",
+                )
+
+
+def _host_path_volumes(context: CheckContext) -> Iterator[Violation]:
+    volumes = context.view.spec.get("volumes")
+    if not isinstance(volumes, list):
+        return
+    protected = _protected_paths(context.policies)
+    for volume in volumes:
+        if not isinstance(volume, dict) or not isinstance(volume.get("hostPath"), Mapping):
+            continue
+        raw = str(volume["hostPath"].get("path", ""))
+        path = _host_path(raw)
+        name = str(volume.get("name", "?"))
+        # The path itself, a parent (it holds the directory) or a child (the device plugin keeps
+        # each daemon's pipes in <root>/<resource>/pipe) all reach the daemons.
+        reached = [
+            p
+            for p in protected
+            if path == p or p.startswith(path.rstrip("/") + "/") or path.startswith(p + "/")
+        ]
+        if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
+            reached.append("/dev/nvidia*")
+        if reached:
+            yield Violation(
+                "host_paths",
+                "GPUIsolationEscape",
+                f"spec.volumes[{name}].hostPath {raw}: reaches {', '.join(reached)} "
+                "(other tenants' MPS daemons or GPU devices); remove this volume",
+            )
+
+
+# Added capabilities that reach every GPU like privileged does; names as the runtimes read them
+# (containerd and CRI-O upper-case a name and add CAP_ where it is missing; ALL adds every one).
+_ESCAPING_CAPABILITIES = {
+    "SYS_ADMIN": "SYS_ADMIN, like privileged, can reach every GPU on the node (it mounts "
+    "filesystems and changes device access)",
+    "ALL": "ALL adds every capability, SYS_ADMIN included, so the container can reach every GPU "
+    "on the node",
+}
+
+
+def _capability_violations(ref: ContainerRef, context: Mapping[str, Any]) -> Iterator[Violation]:
+    capabilities = context.get("capabilities")
+    added = capabilities.get("add") if isinstance(capabilities, dict) else None
+    for raw in added if isinstance(added, list) else []:
+        name = str(raw).strip().upper()
+        why = _ESCAPING_CAPABILITIES.get(name[4:] if name.startswith("CAP_") else name)
+        if why is not None:
+            yield Violation(
+                "privileged",
+                "GPUIsolationEscape",
+                f"{container_path(ref)}.securityContext.capabilities.add[{raw}]: {why}; remove it",
+            )
+
+
+def _privilege(context: CheckContext) -> Iterator[Violation]:
+    for ref in context.view.all_containers:
+        security = ref.body.get("securityContext")
+        if not isinstance(security, dict):
+            continue
+        if security.get("privileged") is True:
+            yield Violation(
+                "privileged",
+                "GPUIsolationEscape",
+                f"{container_path(ref)}.securityContext.privileged: privileged containers see every GPU "
+                "on the node; remove privileged: true",
+            )
+        yield from _capability_violations(ref, security)
+
+
+def _host_namespaces(context: CheckContext) -> Iterator[Violation]:
+    spec = context.view.spec
+    for field in ("hostIPC", "hostPID"):
+        if spec.get(field) is True:
+            yield Violation(
+                "host_namespaces",
+                "GPUIsolationEscape",
+                f"spec.{field}: sharing the node's {field[4:]} namespace reaches other tenants' "
+                f"GPU processes; remove {field}: true",
+            )
+
+
+def config_map_violations(config_map: Mapping[str, Any]) -> list[Violation]:
+    """A ConfigMap's keys that a pod's envFrom (without a prefix) would make into variables the
+    environment check denies."""
+    data = config_map.get("data")
+    return [
+        Violation(
+            "environment",
+            "GPUIsolationEscape",
+            f"data[{key}]: a pod's envFrom would set {key}, which {_escape_effect(key)}; rename "
+            "or remove the key",
+        )
+        for key in sorted(str(k) for k in (data if isinstance(data, Mapping) else {}))
+        if _FORBIDDEN_ENV.match(key)
+    ]
+
+
+ENVIRONMENT = Check("environment", "environment", frozenset({CREATE, DEBUG}), _environment)
+RUNTIME_CLASS = Check("runtime class", "environment", frozenset({CREATE}), _runtime_class)
+DEVICE_LIST_MOUNT = Check(
+    "device list mounts", "host_paths", frozenset({CREATE, DEBUG}), _device_list_mounts
+)
+HOST_PATH_VOLUMES = Check(
+    "host path volumes", "host_paths", frozenset({CREATE}), _host_path_volumes
+)
+PRIVILEGE = Check("privilege", "privileged", frozenset({CREATE, DEBUG}), _privilege)
+HOST_NAMESPACES = Check("host namespaces", "host_namespaces", frozenset({CREATE}), _host_namespaces)

@@ -1,0 +1,150 @@
+"""A pod read once per decision: what placement, the patch and the checks read of it.
+
+A decision reads the same few things of a pod many times over (its labels and annotations, its
+containers, their GPU counts); ``PodView.of`` reads them once, at the start of the decision, and
+every step after receives the view. The view never changes the pod, and the pod must not change
+while the view is in use.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, NamedTuple
+
+from gpuwarden.policy.pod.quantity import QuantityError, parse_count
+from gpuwarden.policy.pod.resources import (
+    GPU_COUNT_RESOURCES,
+    ContainerRef,
+    annotations_of,
+    containers,
+    is_gpu_resource,
+    labels_of,
+    spec_of,
+)
+
+
+class ContainerGPUs(NamedTuple):
+    """A container's GPU resources, each value parsed once."""
+
+    #: ContainerRef.asks_for_gpu(): a GPU resource at anything but zero (or a count that does
+    #: not parse).
+    asks: bool
+    #: ContainerRef.asked_gpus(), or the QuantityError it raises.
+    asked: int | QuantityError | None
+    #: The devices its count resources give it, limits over requests; counts that do not parse
+    #: add none (the quantities check names them).
+    devices: int
+
+
+def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
+    counts: dict[str, int | QuantityError] = {}
+
+    def count(value: Any) -> int | QuantityError:
+        key = value if type(value) is str else None
+        if key is not None and key in counts:
+            return counts[key]
+        try:
+            result: int | QuantityError = parse_count(value)
+        except QuantityError as exc:
+            result = exc
+        if key is not None:
+            counts[key] = result
+        return result
+
+    asks, asked, best = False, None, 0
+    devices: dict[Any, int | QuantityError] = {}
+    for section in ("limits", "requests"):
+        for name, value in ref.resources(section).items():
+            if not is_gpu_resource(str(name)):
+                continue
+            parsed = count(value)
+            asks = asks or isinstance(parsed, QuantityError) or parsed != 0
+            if name not in GPU_COUNT_RESOURCES:
+                continue
+            devices.setdefault(name, parsed)  # limits first: they win
+            if asked is not None:
+                continue
+            if isinstance(parsed, QuantityError):
+                asked = QuantityError(f"resources.{section}[{name}]: {parsed}")
+            else:
+                best = max(best, parsed)
+    return ContainerGPUs(
+        asks,
+        asked if asked is not None else best or None,
+        sum(n for n in devices.values() if not isinstance(n, QuantityError)),
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class PodView:
+    """The read-only facts of one pod, read once."""
+
+    pod: Mapping[str, Any]
+    spec: Mapping[str, Any]
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    #: Every container, init containers first, then containers, then ephemeral containers.
+    all_containers: tuple[ContainerRef, ...]
+    # Each container's GPU resources, read when first asked for.
+    _gpus: dict[int, ContainerGPUs] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, pod: Mapping[str, Any]) -> PodView:
+        return cls(pod, spec_of(pod), labels_of(pod), annotations_of(pod), tuple(containers(pod)))
+
+    def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
+        """The containers of these fields (all of them when none is named), in spec order."""
+        if not fields:
+            return self.all_containers
+        return tuple(ref for ref in self.all_containers if ref.field in fields)
+
+    @cached_property
+    def main_containers(self) -> tuple[ContainerRef, ...]:
+        """spec.containers, the ones a profile can give GPUs to."""
+        return self.containers("containers")
+
+    @cached_property
+    def main_by_name(self) -> Mapping[str, ContainerRef]:
+        """spec.containers by name; of a repeated name (which the API server refuses after the
+        webhooks), the last."""
+        return {ref.name: ref for ref in self.main_containers}
+
+    def first_named(self, name: str) -> ContainerRef:
+        """The first of spec.containers with this name (which must exist)."""
+        return next(ref for ref in self.main_containers if ref.name == name)
+
+    @cached_property
+    def main_names(self) -> tuple[str, ...]:
+        return tuple(ref.name for ref in self.main_containers)
+
+    def gpus(self, ref: ContainerRef) -> ContainerGPUs:
+        """The GPU resources of one of the view's containers, read once."""
+        key = id(ref.body)
+        found = self._gpus.get(key)
+        if found is None:
+            found = self._gpus[key] = _gpus_of(ref)
+        return found
+
+    def asked_gpus(self, ref: ContainerRef) -> int | None:
+        """``ref.asked_gpus()``, read once."""
+        asked = self.gpus(ref).asked
+        if isinstance(asked, QuantityError):
+            raise asked
+        return asked
+
+    @cached_property
+    def asks_for_gpu(self) -> bool:
+        """Whether any container asks for a GPU (as resources.requests_gpu reads it)."""
+        return any(self.gpus(ref).asks for ref in self.all_containers)
+
+    @cached_property
+    def largest_gpu_request(self) -> int | None:
+        """The most GPUs any one container asks for: 0 when none names a count (only GPU memory
+        or cores, say), None when a count is not whole (the grant names that field)."""
+        try:
+            counts = [self.asked_gpus(ref) for ref in self.all_containers]
+        except QuantityError:
+            return None
+        return max((c for c in counts if c is not None), default=0)
