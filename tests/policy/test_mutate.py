@@ -561,3 +561,42 @@ def test_a_recorded_rule_is_kept_only_for_the_count_its_profile_fixes(
     out = mutated(step, default_policies, cluster)
     assert out["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
     assert out["spec"]["priority"] == 200
+
+
+def test_a_step_given_the_profiles_one_gpu_keeps_the_rule_that_gave_it(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A train step that asks for no GPU gets kfp-training's one GPU by name; re-admitted, it
+    asks for one and so matches the rule for steps of at most 4 too, yet keeps its rule, and the
+    validating webhook allows gpuwarden's own patch."""
+    step = example("kfp-train-step")
+    step["metadata"]["namespace"] = "kubeflow-user-carol"
+    del container(step, "main")["resources"]
+    once = mutated(step, default_policies, cluster)
+    assert container(once, "main")["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert once["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training-by-name"
+    assert mutate(create(once), default_policies, cluster).patch == ()
+    result = admit(create(once), default_policies, cluster)
+    assert result.allowed, result.validation.message
+    labels = cluster.labels_for("kubeflow-user-carol")
+    placement = place(once, "kubeflow-user-carol", labels, default_policies)
+    (kept,) = [o for o in placement.outcomes if o.name == "kfp-training-by-name"]
+    assert "kept as recorded in gpuwarden.io/rule: it asks for the 1 GPU(s) profile " in (
+        kept.result.reason
+    )
+
+
+def test_a_forged_record_never_chooses_what_asking_for_no_gpu_would_not(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """kfp-training-node (priority 250) fixes no count for this tenant, and a step that asks for
+    no GPU would not get it: a forged record of it on a 1-GPU step is not honoured."""
+    step = example("kfp-train-step")
+    step["metadata"]["namespace"] = "kubeflow-user-carol"
+    container(step, "main")["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+    out = mutated(
+        _forged(step, "kfp-training-node", "kfp-training-node"), default_policies, cluster
+    )
+    assert out["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
+    assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "kfp-training"
+    assert out["spec"]["priority"] == 200

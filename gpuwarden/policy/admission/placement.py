@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 from gpuwarden.policy.pod import keys
@@ -114,10 +114,15 @@ class Placement:
             result = _judge(rule, facts) if may_match(rule.match, facts) else None
             if rule is chosen and self.recorded and self.profile is not None:
                 reason = match(rule.match, facts).reason
+                set_by = self.profile.gpus_set_by
+                why = (
+                    f"{set_by} sets the {self.profile.gpus} GPUs it asks for"
+                    if set_by is not None
+                    else f"it asks for the {self.profile.gpus} GPU(s) profile "
+                    f"{self.profile.name} gives a pod that asks for none"
+                )
                 result = MatchResult(
-                    True,
-                    f"{reason}; kept as recorded in {keys.ANNOTATION_RULE}: "
-                    f"{self.profile.gpus_set_by} sets the {self.profile.gpus} GPUs it asks for",
+                    True, f"{reason}; kept as recorded in {keys.ANNOTATION_RULE}: {why}"
                 )
             if result is not None and result.matched:
                 lost = None if rule is chosen else why_rule_wins(chosen, rule)
@@ -159,6 +164,18 @@ def _judge(rule: WorkloadRule, facts: PodFacts) -> MatchResult:
     return result
 
 
+def _first_rule(policies: PolicySet, facts: PodFacts) -> tuple[int, WorkloadRule] | None:
+    """The index of the first rule that matches, and the rule the pod gets for it: that rule, or
+    a later rule of the same kind that narrows it more and matches too."""
+    rules = policies.rules
+    for index, (first, _policy) in enumerate(rules):
+        if not may_match(first.match, facts) or not _judge(first, facts).matched:
+            continue
+        narrower = (rules[later][0] for later in policies.narrower[index])
+        return index, next((rule for rule in narrower if _judge(rule, facts).matched), first)
+    return None
+
+
 def _recorded_rule(
     view: PodView,
     facts: PodFacts,
@@ -172,10 +189,13 @@ def _recorded_rule(
     A profile or tenant override that sets ``gpus`` changes what the pod asks for: a step given 8
     GPUs by its tenant no longer matches the rule for steps of at most 4 that chose it, and
     re-resolving it on reinvocation or validation would pick another rule and contradict the
-    patch. The recorded rule is kept only where it matches the pod but for its count condition,
-    its profile (as the tenant gets it) fixes a count, and every container it gives GPUs to has
-    exactly that count: all a forged record can choose is what asking for that count would
-    give.
+    patch. A profile that fixes no count gives a pod that asks for none one GPU, which moves it
+    the same way (a train step named for its GPUs gets one, then matches the rule for steps that
+    ask for at most 4). The recorded rule is kept only where it matches the pod but for its count
+    condition, every container it gives GPUs to has exactly the count its profile (as the tenant
+    gets it) gives, and either the profile fixes that count or the pod asking for no GPU would get
+    this very rule: all a forged record can choose is what asking for that count, or for none,
+    would give.
     """
     annotations = view.annotations
     origin = annotations.get(keys.ANNOTATION_RULE, "")
@@ -195,7 +215,7 @@ def _recorded_rule(
     if not may_match(rule.match, facts) or not match(rule.match, facts).matched:
         return None
     profile = policies.grant(rule.profile, tenant).profile
-    if profile.gpus_set_by is None or not profile.gpus:
+    if not profile.gpus:
         return None
     chosen = target_containers(view, rule, workload, profile)
     refs = view.main_by_name
@@ -204,6 +224,14 @@ def _recorded_rule(
             return None
     except QuantityError:
         return None
+    if profile.gpus_set_by is None:
+        targets = {id(refs[name].body) for name in chosen}
+        if any(view.gpus(ref).asks for ref in view.all_containers if id(ref.body) not in targets):
+            return None
+        asking_none = replace(facts, asks_for_gpu=False, largest_request=None)
+        found = _first_rule(policies, asking_none)
+        if found is None or found[1] is not rule:
+            return None
     return index
 
 
@@ -384,18 +412,9 @@ def place(
     kept = _recorded_rule(view, facts, policies, tenant, workload)
     if kept is not None:
         return placed("rule", rules[kept][0], rules[kept][0].profile, tried=kept + 1, recorded=True)
-    for index, (first, _policy) in enumerate(rules):
-        if not may_match(first.match, facts) or not _judge(first, facts).matched:
-            continue
-        # A later rule of the same kind that narrows it more, and matches too, takes its place.
-        rule = next(
-            (
-                rules[later][0]
-                for later in policies.narrower[index]
-                if _judge(rules[later][0], facts).matched
-            ),
-            first,
-        )
+    found = _first_rule(policies, facts)
+    if found is not None:
+        index, rule = found
         if rule.skip:
             return placed("skip", rule, None, tried=index + 1)
         return placed("rule", rule, rule.profile, tried=index + 1)
