@@ -8,6 +8,7 @@ from typing import Any, Literal, NamedTuple
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import QuantityError
+from gpuwarden.policy.pod.record import DECISION_FIELDS, PodRecord
 from gpuwarden.policy.pod.resources import (
     ContainerRef,
     annotations_of,
@@ -185,7 +186,8 @@ def _recorded_rule(
     exactly that count: all a forged record can choose is what asking for that count would
     give.
     """
-    origin = annotations.get(keys.ANNOTATION_RULE, "")
+    recorded = PodRecord.from_annotations(annotations, DECISION_FIELDS)
+    origin = recorded.rule or ""
     name = origin.removeprefix("rule/")
     if not origin.startswith("rule/") or not name:
         return None
@@ -193,11 +195,7 @@ def _recorded_rule(
     if index is None:
         return None
     rule = policies.rules[index][0]
-    if (
-        rule.skip
-        or rule.profile is None
-        or annotations.get(keys.ANNOTATION_PROFILE) != rule.profile
-    ):
+    if rule.skip or rule.profile is None or recorded.profile != rule.profile:
         return None
     if not may_match(rule.match, facts) or not match(rule.match, facts).matched:
         return None
@@ -244,10 +242,9 @@ def target_containers(
     if profile is not None and profile.gpus == 0:
         # A GPU-free profile removed the GPU requests that chose its containers; on reinvocation
         # the recorded choice keeps the decision stable. It grants no GPU, so it widens nothing.
-        annotations = annotations_of(pod)
-        if annotations.get(keys.ANNOTATION_PROFILE) == profile.name:
-            recorded = annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",")
-            kept = tuple(name for name in recorded if name in names)
+        recorded = PodRecord.from_annotations(annotations_of(pod), DECISION_FIELDS)
+        if recorded.profile == profile.name:
+            kept = tuple(name for name in recorded.containers or () if name in names)
             if kept:
                 return kept
     for name in names:
