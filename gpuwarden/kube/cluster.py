@@ -99,7 +99,7 @@ def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
     status = obj.get("status") or {}
     if isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES:
         return None
-    record = PodRecord.from_annotations(annotations_of(obj), CHARGE_FIELDS | {"tenant"})
+    record = PodRecord.from_annotations(annotations_of(obj), (*CHARGE_FIELDS, "tenant"))
     namespace = metadata_of(obj).get("namespace")
     if not record.tenant or not isinstance(namespace, str):
         return None

@@ -92,7 +92,7 @@ def test_some_fields_only_reads_those() -> None:
     )
     assert partial.tenant is None and partial.gpu_memory_limit is None
     fields = set(PodRecord.__dataclass_fields__)
-    assert fields >= DECISION_FIELDS | CHARGE_FIELDS
+    assert fields >= {*DECISION_FIELDS, *CHARGE_FIELDS}
 
 
 def test_other_annotations_are_not_read() -> None:

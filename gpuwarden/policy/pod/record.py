@@ -12,7 +12,7 @@ with the policies' names, and a name that matches none already means nothing.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_CEILING, Decimal
 from typing import Any, Final
@@ -43,9 +43,9 @@ _CONTAINER_NAME: Final = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
 
 
 #: The fields PodRecord.admitted_gpu_memory uses.
-CHARGE_FIELDS: Final = frozenset({"gpu_memory_limit", "gpu_count", "containers"})
+CHARGE_FIELDS: Final = ("gpu_count", "gpu_memory_limit", "containers")
 #: The fields that say which decision was recorded (placement keeps a recorded rule).
-DECISION_FIELDS: Final = frozenset({"rule", "profile", "containers"})
+DECISION_FIELDS: Final = ("profile", "rule", "containers")
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,16 @@ class PodRecord:
 
     @classmethod
     def from_annotations(
-        cls, annotations: Mapping[str, str], fields: Collection[str] | None = None
+        cls, annotations: Mapping[str, str], fields: Iterable[str] | None = None
     ) -> PodRecord:
         """Read a pod's annotations; malformed values are left unrecorded and named in
         ``problems`` (see the module docstring for the rule). ``fields`` reads only those
         fields (the others stay None), for a reader on the admission hot path that needs few."""
         values: dict[str, Any] = {}
         problems: list[str] = []
-        for codec in _CODECS:
+        for codec in _CODECS if fields is None else (_CODEC_OF[field] for field in fields):
             raw = annotations.get(codec.key)
-            if raw is None or (fields is not None and codec.field not in fields):
+            if raw is None:
                 continue
             try:
                 values[codec.field] = codec.read(raw)
@@ -209,5 +209,6 @@ _CODECS: Final = (
     _Codec(keys.ANNOTATION_RULE, "rule", _name, str),
     _Codec(keys.ANNOTATION_CONTAINERS, "containers", _names, _write_names),
 )
+_CODEC_OF: Final = {codec.field: codec for codec in _CODECS}
 
 _UNRECORDED: Final = PodRecord()
