@@ -6,6 +6,8 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwarden.policy import admitted_gpu_memory
 from gpuwarden.policy.pod import keys
@@ -57,6 +59,35 @@ def test_what_is_written_reads_back_the_same(record: PodRecord) -> None:
     annotations = record.to_annotations()
     assert PodRecord.from_annotations(annotations) == record
     assert PodRecord.from_annotations(annotations).to_annotations() == annotations
+
+
+def _maybe(values: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.none() | values
+
+
+RECORDS = st.builds(
+    PodRecord,
+    profile=_maybe(st.text()),
+    policy=_maybe(st.text()),
+    tenant=_maybe(st.text()),
+    backend=_maybe(st.text()),
+    gpu_count=_maybe(st.integers(0, 10**9 - 1)),
+    gpu_shared=_maybe(st.booleans()),
+    preemptible=_maybe(st.booleans()),
+    gpu_memory_limit=_maybe(st.integers(0, 2**63 - 1)),
+    gpu_memory_reserved=_maybe(st.integers(0, 2**63 - 1)),
+    overcommit_ratio=_maybe(st.decimals(1, 10**6, places=3)),
+    thread_percentage=_maybe(st.integers(1, 100)),
+    rule=_maybe(st.text()),
+    containers=_maybe(
+        st.lists(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)).map(tuple)
+    ),
+)
+
+
+@given(RECORDS)
+def test_any_record_reads_back_as_written(record: PodRecord) -> None:
+    assert PodRecord.from_annotations(record.to_annotations()) == record
 
 
 def test_the_codec_writes_every_decision_annotation_in_the_patch_order() -> None:

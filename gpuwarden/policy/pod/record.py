@@ -169,7 +169,8 @@ def _ratio(raw: str) -> Decimal:
 
 
 def _write_ratio(value: Decimal) -> str:
-    return f"{value:g}"
+    # Fixed-point, never an exponent (which _ratio refuses): "1.5", "2", "16".
+    return f"{value:f}"
 
 
 def _names(raw: str) -> tuple[str, ...]:
