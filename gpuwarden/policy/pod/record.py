@@ -38,8 +38,10 @@ _BINARY_FACTORS: Final = {
 # apimachinery's limit, which parse_non_negative holds every other form to.
 _MAX_BYTES: Final = 2**63
 _RATIO: Final = re.compile(r"[0-9]{1,9}(?:\.[0-9]{1,9})?")
-# A container name is a DNS-1123 label (what the API server accepts in spec.containers[].name).
-_CONTAINER_NAME: Final = re.compile(r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?")
+# Container names, each a DNS-1123 label (what the API server accepts in
+# spec.containers[].name), separated by commas.
+_CONTAINER_NAME = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_CONTAINER_NAMES: Final = re.compile(rf"{_CONTAINER_NAME}(?:,{_CONTAINER_NAME})*")
 
 
 #: The fields PodRecord.admitted_gpu_memory uses.
@@ -174,10 +176,11 @@ def _write_ratio(value: Decimal) -> str:
 
 
 def _names(raw: str) -> tuple[str, ...]:
-    names = tuple(raw.split(",")) if raw else ()
-    if not all(_CONTAINER_NAME.fullmatch(name) for name in names):
+    if not raw:
+        return ()
+    if _CONTAINER_NAMES.fullmatch(raw) is None:
         raise ValueError("must be container names separated by commas")
-    return names
+    return tuple(raw.split(","))
 
 
 def _write_names(value: tuple[str, ...]) -> str:
