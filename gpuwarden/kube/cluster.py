@@ -45,7 +45,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
-from gpuwarden.policy import ClusterView, PriorityClassInfo, admitted_gpu_memory
+from gpuwarden.policy import ClusterView, PriorityClassInfo
 from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.manifests import (
     ManifestError,
@@ -53,7 +53,8 @@ from gpuwarden.policy.admission.manifests import (
     namespace_labels,
     priority_class,
 )
-from gpuwarden.policy.pod.keys import ANNOTATION_TENANT
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
+from gpuwarden.policy.pod.resources import annotations_of, containers, metadata_of
 
 _DONE_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -98,13 +99,11 @@ def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
     status = obj.get("status") or {}
     if isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES:
         return None
-    metadata = obj.get("metadata") or {}
-    annotations = metadata.get("annotations") or {}
-    tenant = annotations.get(ANNOTATION_TENANT) if isinstance(annotations, Mapping) else None
-    namespace = metadata.get("namespace")
-    if not isinstance(tenant, str) or not tenant or not isinstance(namespace, str):
+    record = PodRecord.from_annotations(annotations_of(obj), (*CHARGE_FIELDS, "tenant"))
+    namespace = metadata_of(obj).get("namespace")
+    if not record.tenant or not isinstance(namespace, str):
         return None
-    amount = admitted_gpu_memory(obj)
+    amount = record.admitted_gpu_memory(containers(obj, "containers"))
     return (namespace, amount) if amount > 0 else None
 
 

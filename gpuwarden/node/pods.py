@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
-from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod.record import PodRecord
+from gpuwarden.policy.pod.resources import annotations_of
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -99,69 +99,8 @@ def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
-    """Read one pod (Kubernetes JSON, camelCase); None for an object with no name or UID."""
-    meta = _mapping(pod.get("metadata"))
-    uid, name = meta.get("uid"), meta.get("name")
-    if not isinstance(uid, str) or not isinstance(name, str) or not uid or not name:
-        return None
-    namespace = meta.get("namespace")
-    ref = PodRef(
-        namespace=namespace if isinstance(namespace, str) else "default", name=name, uid=uid
-    )
-    annotations = {
-        str(k): str(v) for k, v in _mapping(meta.get("annotations")).items() if v is not None
-    }
-    spec = _mapping(pod.get("spec"))
-    status = _mapping(pod.get("status"))
-    problems: list[str] = []
-
-    cap: int | None = None
-    raw_cap = annotations.get(keys.ANNOTATION_GPU_MEMORY_LIMIT)
-    if raw_cap is not None:
-        try:
-            cap = int(parse_non_negative(raw_cap).to_integral_value())
-        except QuantityError as exc:
-            problems.append(f"annotation {keys.ANNOTATION_GPU_MEMORY_LIMIT}={raw_cap!r}: {exc}")
-
-    threads: int | None = None
-    raw_threads = annotations.get(keys.ANNOTATION_THREAD_PERCENTAGE)
-    if raw_threads is not None:
-        if raw_threads.strip().isdigit() and 1 <= int(raw_threads) <= 100:
-            threads = int(raw_threads)
-        else:
-            problems.append(
-                f"annotation {keys.ANNOTATION_THREAD_PERCENTAGE}={raw_threads!r}: "
-                "must be a whole number from 1 to 100"
-            )
-
-    gpus: int | None = None
-    raw_gpus = annotations.get(keys.ANNOTATION_GPU_COUNT)
-    if raw_gpus is not None:
-        if raw_gpus.strip().isdigit():
-            gpus = int(raw_gpus)
-        else:
-            problems.append(
-                f"annotation {keys.ANNOTATION_GPU_COUNT}={raw_gpus!r}: must be a whole number"
-            )
-
-    ratio = Decimal(1)
-    raw_ratio = annotations.get(keys.ANNOTATION_OVERCOMMIT_RATIO)
-    if raw_ratio is not None:
-        try:
-            ratio = Decimal(raw_ratio.strip())
-            if not ratio.is_finite() or ratio < 1:
-                raise InvalidOperation
-        except InvalidOperation:
-            problems.append(
-                f"annotation {keys.ANNOTATION_OVERCOMMIT_RATIO}={raw_ratio!r}: "
-                "must be a number of at least 1"
-            )
-            ratio = Decimal(1)
-
-    named = tuple(
-        n.strip() for n in annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",") if n.strip()
-    )
+def _run_as_users(spec: Mapping[str, Any], named: tuple[str, ...]) -> frozenset[int]:
+    """The UIDs the named containers (every container where none is named) run as."""
     pod_user = _run_as_user(spec.get("securityContext"))
     users: set[int] = set()
     containers = spec.get("containers")
@@ -174,21 +113,32 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
             user = pod_user
         if user is not None:
             users.add(user)
+    return frozenset(users)
 
-    phase = status.get("phase")
-    created = meta.get("creationTimestamp")
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
+    """Read one pod (Kubernetes JSON, camelCase); None for an object with no name or UID."""
+    meta = _mapping(pod.get("metadata"))
+    uid, name, namespace = meta.get("uid"), meta.get("name"), meta.get("namespace")
+    if not isinstance(uid, str) or not isinstance(name, str) or not uid or not name:
+        return None
+    ref = PodRef(namespace if isinstance(namespace, str) else "default", name, uid)
+    record = PodRecord.from_annotations(annotations_of(pod))
+    named = record.containers or ()
+    status = _mapping(pod.get("status"))
+    phase, created = status.get("phase"), meta.get("creationTimestamp")
     return PodInfo(
         ref=ref,
         phase=phase if isinstance(phase, str) else "Pending",
         created=created if isinstance(created, str) else "",
-        tenant=annotations.get(keys.ANNOTATION_TENANT),
-        profile=annotations.get(keys.ANNOTATION_PROFILE),
-        cap=cap,
-        thread_percentage=threads,
+        tenant=record.tenant,
+        profile=record.profile,
+        cap=record.gpu_memory_limit,
+        thread_percentage=record.thread_percentage,
         containers=named,
-        gpu_count=gpus,
-        overcommit_ratio=ratio,
-        run_as_users=frozenset(users),
+        gpu_count=record.gpu_count,
+        overcommit_ratio=record.overcommit_ratio or Decimal(1),
+        run_as_users=_run_as_users(_mapping(pod.get("spec")), named),
         container_ids=_container_ids(status),
-        problems=tuple(problems),
+        problems=record.problems,
     )

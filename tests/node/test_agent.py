@@ -324,6 +324,19 @@ def test_unreadable_annotations_get_one_event(
     assert agent.tick([bad]).actions == ()
 
 
+def test_a_forged_annotation_on_one_pod_leaves_the_others_enforced(
+    nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
+) -> None:
+    """A GPU count that isdigit() accepts and int() refuses made every tick of the node raise."""
+    agent = agent_for(nvml, control, proc)
+    with_client(nvml, proc, fake_mps, 9001, 5 * GiB)
+    forged = pod_b(extra_annotations={"gpuwarden.io/gpu-count": "\u00b2"})
+    report = agent.tick([pod_a(), forged])
+    assert [(v.container, v.used) for v in report.violations] == [("main", 5 * GiB)]
+    reasons = {(a.pod.uid, a.reason) for a in report.actions if isinstance(a, PodEvent)}
+    assert reasons == {(UID_A, REASON_CAP_EXCEEDED), (UID_B, REASON_BAD_ANNOTATION)}
+
+
 def sample(agent: NodeAgent, name: str, **labels: str) -> float | None:
     """The value of one series in the agent's exposition text, parsed as Prometheus would."""
     text = generate_latest(agent_registry(agent)).decode()

@@ -17,12 +17,11 @@ from gpuwarden.policy.admission.patch import PatchBuilder
 from gpuwarden.policy.admission.placement import ContainerGrant, Placement, place
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import (
-    QuantityError,
     format_bytes,
     format_mebibytes,
-    parse_non_negative,
     same_quantity,
 )
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
@@ -82,11 +81,10 @@ def _is_pod(obj: Mapping[str, Any]) -> bool:
 
 def desired_annotations(placement: Placement) -> dict[str, str]:
     assert placement.grant is not None
-    return {
-        **placement.grant.annotations,
-        keys.ANNOTATION_RULE: placement.origin,
-        keys.ANNOTATION_CONTAINERS: ",".join(placement.containers),
-    }
+    # The grant's annotations were written from its record at load; this adds what the
+    # placement decided (rule, containers), last, as the patch has always ordered them.
+    decided = PodRecord(rule=placement.origin, containers=placement.containers)
+    return {**placement.grant.annotations, **decided.to_annotations()}
 
 
 def plan(placement: Placement) -> BackendPlan | None:
@@ -515,26 +513,6 @@ def mutation(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
 
 
 def admitted_gpu_memory(pod: Mapping[str, Any]) -> Decimal:
-    """GPU memory a mutated pod holds against its tenant's quota: its cap on each GPU of each
-    GPU container (a container's own count, else the gpu-count annotation)."""
-    annotations = annotations_of(pod)
-    cap = annotations.get(keys.ANNOTATION_GPU_MEMORY_LIMIT)
-    names = [n for n in annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",") if n]
-    gpus = annotations.get(keys.ANNOTATION_GPU_COUNT, "1")
-    if cap is None:
-        return Decimal(0)
-    try:
-        per_gpu = parse_non_negative(cap)
-        recorded = max(int(gpus), 1)
-    except (QuantityError, ValueError):
-        return Decimal(0)
-    refs = {ref.name: ref for ref in containers(pod, "containers") if ref.name in names}
-    total = 0
-    for name in names or [""]:
-        ref = refs.get(name)
-        try:
-            asked = ref.asked_gpus() if ref is not None else None
-        except QuantityError:
-            asked = None
-        total += asked or recorded
-    return per_gpu * total
+    """GPU memory a mutated pod holds against its tenant's quota (see PodRecord)."""
+    record = PodRecord.from_annotations(annotations_of(pod), CHARGE_FIELDS)
+    return record.admitted_gpu_memory(containers(pod, "containers"))

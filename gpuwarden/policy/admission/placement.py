@@ -197,8 +197,8 @@ def _recorded_rule(
     this very rule: all a forged record can choose is what asking for that count, or for none,
     would give.
     """
-    annotations = view.annotations
-    origin = annotations.get(keys.ANNOTATION_RULE, "")
+    recorded = view.record
+    origin = recorded.rule or ""
     name = origin.removeprefix("rule/")
     if not origin.startswith("rule/") or not name:
         return None
@@ -206,11 +206,7 @@ def _recorded_rule(
     if index is None:
         return None
     rule = policies.rules[index][0]
-    if (
-        rule.skip
-        or rule.profile is None
-        or annotations.get(keys.ANNOTATION_PROFILE) != rule.profile
-    ):
+    if rule.skip or rule.profile is None or recorded.profile != rule.profile:
         return None
     if not may_match(rule.match, facts) or not match(rule.match, facts).matched:
         return None
@@ -265,10 +261,9 @@ def target_containers(
     if profile is not None and profile.gpus == 0:
         # A GPU-free profile removed the GPU requests that chose its containers; on reinvocation
         # the recorded choice keeps the decision stable. It grants no GPU, so it widens nothing.
-        annotations = view.annotations
-        if annotations.get(keys.ANNOTATION_PROFILE) == profile.name:
-            recorded = annotations.get(keys.ANNOTATION_CONTAINERS, "").split(",")
-            kept = tuple(name for name in recorded if name in names)
+        recorded = view.record
+        if recorded.profile == profile.name:
+            kept = tuple(name for name in recorded.containers or () if name in names)
             if kept:
                 return kept
     for name in names:

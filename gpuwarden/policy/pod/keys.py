@@ -1,4 +1,6 @@
-"""Names gpuwarden writes on pods and reads back: the contract between the webhook and the node agent."""
+"""Names gpuwarden writes on pods and reads back: the contract between the webhook and the node agent.
+
+The decision annotations are written and read only through PodRecord (pod/record.py)."""
 
 from typing import Final
 

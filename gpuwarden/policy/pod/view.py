@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, NamedTuple
 
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, PodRecord
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
@@ -93,6 +94,11 @@ class PodView:
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
         return cls(pod, spec_of(pod), labels_of(pod), annotations_of(pod), tuple(containers(pod)))
+
+    @cached_property
+    def record(self) -> PodRecord:
+        """What gpuwarden recorded on the pod, as far as placement and the quota charge read it."""
+        return PodRecord.from_annotations(self.annotations, (*DECISION_FIELDS, *CHARGE_FIELDS))
 
     def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
         """The containers of these fields (all of them when none is named), in spec order."""

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.quantity import format_bytes, format_mebibytes
+from gpuwarden.policy.pod.quantity import to_mebibytes
+from gpuwarden.policy.pod.record import PodRecord
 from gpuwarden.policy.spec.backends import BackendPlan, plan_for
 from gpuwarden.policy.spec.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
 from gpuwarden.policy.spec.precedence import narrower_rules, selector_order
@@ -37,27 +39,33 @@ class Grant:
 
 
 def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
-    out = {keys.ANNOTATION_PROFILE: profile.name, keys.ANNOTATION_POLICY: profile.policy}
-    if tenant is not None:
-        out[keys.ANNOTATION_TENANT] = tenant.name
+    record = PodRecord(
+        profile=profile.name,
+        policy=profile.policy,
+        tenant=tenant.name if tenant is not None else None,
+    )
     if profile.gpus == 0:
-        out[keys.ANNOTATION_GPU_COUNT] = "0"
-        return _with_pod_fields(Grant(profile, None, out))
+        record = replace(record, gpu_count=0)
+        return _with_pod_fields(Grant(profile, None, record.to_annotations()))
     plan = plan_for(profile, queue=tenant.queue if tenant is not None else None)
-    out |= {
-        keys.ANNOTATION_BACKEND: profile.backend.type,
-        keys.ANNOTATION_GPU_COUNT: str(profile.gpus),
-        keys.ANNOTATION_GPU_SHARED: "true" if plan.shared else "false",
-        keys.ANNOTATION_PREEMPTIBLE: "true" if profile.preemptible else "false",
-    }
+    record = replace(
+        record,
+        backend=profile.backend.type,
+        gpu_count=profile.gpus,
+        gpu_shared=plan.shared,
+        preemptible=profile.preemptible,
+        thread_percentage=profile.thread_percentage,
+    )
     reserved = profile.reserved_memory
     if profile.max_memory is not None and reserved is not None:
-        out[keys.ANNOTATION_GPU_MEMORY_LIMIT] = format_bytes(profile.max_memory)
-        out[keys.ANNOTATION_GPU_MEMORY_RESERVED] = format_mebibytes(reserved)
-        out[keys.ANNOTATION_OVERCOMMIT_RATIO] = f"{profile.overcommit_ratio:g}"
-    if profile.thread_percentage is not None:
-        out[keys.ANNOTATION_THREAD_PERCENTAGE] = str(profile.thread_percentage)
-    return _with_pod_fields(Grant(profile, plan, out | dict(plan.annotations)))
+        record = replace(
+            record,
+            gpu_memory_limit=math.ceil(profile.max_memory),
+            # Whole MiB, the unit of Volcano's and HAMi's GPU-memory resources.
+            gpu_memory_reserved=to_mebibytes(reserved) * 2**20,
+            overcommit_ratio=Decimal(f"{profile.overcommit_ratio:g}"),
+        )
+    return _with_pod_fields(Grant(profile, plan, record.to_annotations() | dict(plan.annotations)))
 
 
 def _with_pod_fields(grant: Grant) -> Grant:

@@ -15,7 +15,6 @@ from gpuwarden.policy.admission.checks.base import (
     listed,
 )
 from gpuwarden.policy.admission.decision import ClusterView
-from gpuwarden.policy.admission.mutate import admitted_gpu_memory
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import (
@@ -197,7 +196,7 @@ def _quota(context: CheckContext) -> Iterator[Violation]:
     tenant, profile = context.tenant, context.placement.profile
     if tenant is None or profile is None or tenant.limits.gpu_memory_quota is None:
         return
-    wanted = admitted_gpu_memory(context.view.pod)
+    wanted = context.view.record.admitted_gpu_memory(context.view.main_containers)
     if wanted == 0:
         return
     quota = parse_non_negative(tenant.limits.gpu_memory_quota)
