@@ -52,7 +52,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpuwarden.lab.controlplane import ControlPlane, Tools, cache_dir, free_ports  # noqa: E402
+from gpuwarden.lab.cluster.controlplane import ControlPlane, Tools, cache_dir, free_ports  # noqa: E402
 
 KYVERNO_POLICIES = ROOT / "bench" / "kyverno"
 EXAMPLES = ROOT / "examples"

@@ -7,7 +7,7 @@ The binaries come from ``hack/build-tools.sh``, which builds them from Go module
 What this control plane is (and is not):
 
 * etcd and kube-apiserver only, on free loopback ports, in a private temporary directory
-  (:mod:`gpuwarden.lab.cluster` adds kube-scheduler and KWOK through :meth:`ControlPlane.spawn`).
+  (:mod:`gpuwarden.lab.cluster.schedulinglab` adds kube-scheduler and KWOK through :meth:`ControlPlane.spawn`).
 * No kube-controller-manager, scheduler or kubelet: pods stay ``Pending`` with no node, deleted
   namespaces stay ``Terminating`` (the namespace controller never finalizes them), no default
   ServiceAccount or ``kube-root-ca.crt`` ConfigMap appears in new namespaces, and no controller
@@ -51,7 +51,7 @@ from kubernetes import config as k8s_config
 from gpuwarden.certs.authority import KeyPair, issue_client, issue_serving, new_ca
 
 # An editable install (the only kind the lab supports: it needs hack/build-tools.sh's binaries).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-tools.sh"
 
 #: The admission plugins this project depends on. Kubernetes keeps its default-on plugins

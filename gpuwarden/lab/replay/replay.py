@@ -1,7 +1,7 @@
 """Replay a trace on a lab of its own, once per strategy, and record what happened to each pod.
 
 Per strategy: a control plane, kube-scheduler, KWOK and the layout's nodes; the policy's
-PriorityClasses; then the :class:`~gpuwarden.lab.ledger.Ledger` says when each row's pod is
+PriorityClasses; then the :class:`~gpuwarden.lab.replay.ledger.Ledger` says when each row's pod is
 created (time divided by ``scale``); gpuwarden's policy core decides it in this process (the
 decision the webhook would return, byte for byte) and it is created through the API server. A
 watch reports to the ledger when the scheduler bound each pod and which pods it deleted to
@@ -9,7 +9,7 @@ preempt them; when the work model says a pod's work is done, the replay marks it
 turns it Succeeded, which frees its GPUs for the scheduler.
 
 A strategy with tenant queues (:attr:`Strategy.kueue`) also runs Kueue on its lab
-(:mod:`gpuwarden.lab.kueue`) with the objects ``gpuwarden render --kueue`` writes for it: Kueue
+(:mod:`gpuwarden.lab.cluster.kueue`) with the objects ``gpuwarden render --kueue`` writes for it: Kueue
 gates every pod until it admits it, and may preempt one to give a tenant its quota back (the pod
 is deleted with Kueue's reason on it; its controller recreates it as after any preemption). The
 replay deletes a deleted pod's Workload, the garbage collector's part (no
@@ -19,47 +19,48 @@ kube-controller-manager runs in the lab).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from decimal import Decimal
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
 
-import urllib3
 from kubernetes import client as k8s_client
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.cluster import SchedulingLab, ensure_namespaces, lab_control_plane
-from gpuwarden.lab.controlplane import Tools
-from gpuwarden.lab.kueue import (
+from gpuwarden.kube.informer import Informer, Obj
+from gpuwarden.lab.cluster.controlplane import Tools
+from gpuwarden.lab.cluster.kueue import (
     Kueue,
     collect_workloads,
     kept_out_pod,
     preemption_reason,
     running_kueue,
 )
-from gpuwarden.lab.ledger import Action, Complete, Create, Ledger, Withdraw
-from gpuwarden.lab.nodes import GPU_RESOURCE, SHARED_GPU_RESOURCE
-from gpuwarden.lab.report import PodRecord, RowOutcome
-from gpuwarden.lab.stages import WORK_DONE
-from gpuwarden.lab.strategies import Layout, Strategy, queue_objects
-from gpuwarden.lab.trace import TraceRow
-from gpuwarden.lab.work import NodeGpus, WorkModel
-from gpuwarden.lab.workloads import workload_pod
-from gpuwarden.policy import AdmissionRequest, ClusterView, admit
-from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL, priority_class
-from gpuwarden.policy.admission.mutate import admitted_gpu_memory
+from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
+from gpuwarden.lab.cluster.stages import WORK_DONE
+from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
+from gpuwarden.lab.planning.plan import StrategyPlan
+from gpuwarden.lab.planning.strategies import queue_objects
+from gpuwarden.lab.replay.admitted import AdmittedMemory
+from gpuwarden.lab.replay.ledger import Action, Complete, Create, Ledger, Withdraw
+from gpuwarden.lab.replay.records import PodRecord, RowOutcome
+from gpuwarden.lab.replay.work import NodeGpus, WorkModel
+from gpuwarden.policy import (
+    AdmissionRequest,
+    ClusterView,
+    admitted_gpu_memory,
+    apply_patch,
+    validate,
+)
 from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
-from gpuwarden.policy.pod.quantity import parse_quantity
 from gpuwarden.policy.render.kueue import KUEUE_API
-from gpuwarden.policy.render.objects import render
 
-#: Every replayed pod carries its trace row here (the watch selects on it).
-ROW_LABEL = "lab.gpuwarden.io/trace-row"
 _WATCH_SECONDS = 30
+_RETRY_SECONDS = 0.2  # after a broken watch: the lab's API server is on loopback
 _HTTP_NOT_FOUND = 404
 #: PodScheduled's reason for a pod behind a scheduling gate (Kueue's, until it admits the pod):
 #: waiting, not found unschedulable.
@@ -76,41 +77,6 @@ class Progress:
 
     started: bool = False  # its lab is up and the trace's clock runs
     done: float = 0.0  # simulated seconds replayed
-
-
-def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """(whole GPUs, MPS slices) the pod's containers ask for."""
-    whole = slices = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        limits = (container.get("resources") or {}).get("limits") or {}
-        requests = (container.get("resources") or {}).get("requests") or {}
-        count = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
-        shared = limits.get(SHARED_GPU_RESOURCE, requests.get(SHARED_GPU_RESOURCE))
-        if count is not None:
-            whole += int(parse_quantity(count))
-        if shared is not None:
-            slices += int(parse_quantity(shared))
-    return whole, slices
-
-
-def row_pod(row: TraceRow, name: str) -> dict[str, Any]:
-    """The pod a trace row becomes, as its Kubeflow controller would create it."""
-    return workload_pod(
-        row.kind,
-        name=name,
-        namespace=row.namespace,
-        workload=row.name,
-        gpus=row.devices,
-        labels={**row.labels, ROW_LABEL: str(row.row)},
-        products=row.gpu_products,
-    )
-
-
-def namespace_view_labels(
-    namespaces: Mapping[str, Mapping[str, str]],
-) -> dict[str, dict[str, str]]:
-    """Each namespace's labels as the API server shows them (with its name label)."""
-    return {ns: {**dict(labels), NAMESPACE_NAME_LABEL: ns} for ns, labels in namespaces.items()}
 
 
 def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
@@ -132,15 +98,65 @@ def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> 
     return gpus, gpus * gpu_memory
 
 
-def _namespace_memory(
-    records: Sequence[tuple[PodRecord, str | None, Decimal]],
-) -> dict[str, Decimal]:
-    """GPU memory admitted to each namespace's governed pods still alive (the webhook's view)."""
-    out: dict[str, Decimal] = {}
-    for record, tenant, memory in records:
-        if tenant is not None and record.ended is None and record.refused is None:
-            out[record.namespace] = out.get(record.namespace, Decimal(0)) + memory
-    return out
+@dataclass(frozen=True)
+class PodState:
+    """What the replay reads of a replayed pod, as the API server last showed it."""
+
+    name: str
+    namespace: str
+    uid: str
+    node: str | None
+    unschedulable: bool  # the scheduler found no node for it (not merely gated)
+    evicted_by: str | None  # Kueue's preemption reason on it
+
+
+def pod_state(pod: Obj) -> PodState:
+    meta = pod.get("metadata") or {}
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return PodState(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid", "")),
+        node=(pod.get("spec") or {}).get("nodeName") or None,
+        unschedulable=any(
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") != _GATED
+            for c in conditions
+        ),
+        evicted_by=preemption_reason(conditions),
+    )
+
+
+T = TypeVar("T")
+
+
+class Observed(Generic[T]):
+    """An informer's sink that hands each change to ``observe``: every state an object takes,
+    and its last one when it is deleted (``deleted`` True), gone during a relist included."""
+
+    def __init__(self, observe: Callable[[T, bool], None]) -> None:
+        self._last: dict[str, T] = {}
+        self._observe = observe
+
+    def replace(self, items: Mapping[str, T]) -> None:
+        gone = [item for key, item in self._last.items() if key not in items]
+        self._last = dict(items)
+        for item in items.values():
+            self._observe(item, False)
+        for item in gone:
+            self._observe(item, True)
+
+    def upsert(self, key: str, item: T) -> None:
+        if self._last.get(key) == item:
+            return
+        self._last[key] = item
+        self._observe(item, False)
+
+    def delete(self, key: str) -> None:
+        item = self._last.pop(key, None)
+        if item is not None:
+            self._observe(item, True)
 
 
 class Replay:
@@ -148,26 +164,26 @@ class Replay:
 
     def __init__(
         self,
-        strategy: Strategy,
+        plan: StrategyPlan,
         rows: Sequence[TraceRow],
         *,
         tools: Tools,
-        layout: Layout,
         namespaces: Mapping[str, Mapping[str, str]],
         horizon: float,
         scale: float,
         stop: threading.Event,
     ) -> None:
-        self.strategy = strategy
+        self.plan = plan
+        self.strategy = strategy = plan.strategy
         self.rows = rows
         self.tools = tools
-        self.layout = layout
+        self.layout = plan.layout
         self.namespaces = namespaces
         self.horizon = horizon
         self.scale = scale
         self.stop = stop
         self.progress = Progress()
-        self.pools = layout.pools(strategy.shares)
+        self.pools = self.layout.pools(strategy.shares)
         self.model = WorkModel(
             {
                 name: NodeGpus(pool.gpus_per_node, pool.mps_replicas)
@@ -177,22 +193,10 @@ class Replay:
         )
         self.ledger = Ledger(rows, self.model, horizon)
         self.outcomes: list[RowOutcome] = []
-        self._admitted: list[tuple[PodRecord, str | None, Decimal]] = []
+        self._admitted = AdmittedMemory()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._t0 = 0.0
-        self._watching = True
-        # The PriorityClasses the policy implies, as `gpuwarden render` writes them (once).
-        self._classes = (
-            []
-            if strategy.policies is None
-            else [o for o in render(strategy.policies).objects if o["kind"] == "PriorityClass"]
-        )
-        self._class_infos = {
-            str(m["metadata"]["name"]): info
-            for m in self._classes
-            if (info := priority_class(m)) is not None
-        }
 
     @property
     def records(self) -> Mapping[str, PodRecord]:
@@ -227,7 +231,7 @@ class Replay:
 
     def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient, kueue: Kueue | None) -> None:
         scheduling: Any = k8s_client.SchedulingV1Api(api)
-        for manifest in self._classes:
+        for manifest in self.plan.priority_classes:
             scheduling.create_priority_class(manifest)
         for namespace, labels in self.namespaces.items():
             ensure_namespaces(api, [namespace], labels)
@@ -236,22 +240,19 @@ class Replay:
         lab.add_pools(api, self.pools)
 
     def _cluster_view(self) -> ClusterView:
-        labels = namespace_view_labels(self.namespaces)
+        """The plan's view with the GPU memory admitted to the pods alive now."""
         with self._lock:
-            memory = _namespace_memory(self._admitted)
-        return ClusterView(
-            namespace_labels=labels, priority_classes=self._class_infos, namespace_gpu_memory=memory
-        )
+            memory = self._admitted.totals()
+        return replace(self.plan.view, namespace_gpu_memory=memory)
 
     # -- the replay ---------------------------------------------------------------------------
 
     def _replay(self, api: k8s_client.ApiClient) -> None:
         self._t0 = time.monotonic()
         self.progress.started = True
-        watcher = threading.Thread(target=self._watch, args=(api,), daemon=True)
-        watcher.start()
-        if self.strategy.kueue:
-            threading.Thread(target=self._watch_workloads, args=(api,), daemon=True).start()
+        informers = self._informers(api)
+        for informer in informers:
+            informer.start()
         core: Any = k8s_client.CoreV1Api(api)
         try:
             while True:
@@ -261,12 +262,16 @@ class Replay:
                     if not actions and now >= self.horizon:
                         self.outcomes = self.ledger.finish()
                         break
+                    for action in actions:
+                        if not isinstance(action, Create):  # the ledger ended the pod
+                            self._admitted.end(action.name)
                 for action in actions:
                     self._act(core, action)
                 if not actions:
                     self._wait()
         finally:
-            self._watching = False
+            for informer in informers:
+                informer.stop(timeout=0)  # its stream ends with the lab
         self.progress.done = self.horizon
 
     def _wait(self) -> None:
@@ -309,16 +314,19 @@ class Replay:
             attempt=action.attempt,
         )
         tenant: str | None = None
-        if self.strategy.policies is not None:
-            policies = self.strategy.policies
+        policies = self.strategy.policies
+        mutation = self.plan.decisions[row.row].mutation if policies is not None else None
+        if policies is not None and mutation is not None:
+            # The mutating answer was decided in the plan; the validating one depends on the
+            # GPU memory admitted to the tenant's live pods, so it is asked now.
+            pod = apply_patch(pod, mutation)
             request = AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod)
-            result = admit(request, policies, self._cluster_view())
-            if not result.allowed:
-                record.refused = result.validation.message or result.mutation.message or "denied"
+            validation = validate(request, policies, self._cluster_view())
+            if not (mutation.allowed and validation.allowed):
+                record.refused = validation.message or mutation.message or "denied"
                 with self._lock:
                     self.ledger.created(record)
                 return
-            pod = dict(result.pod)
             found = policies.tenant_for(row.namespace, self.namespaces.get(row.namespace, {}))
             tenant = found.name if found is not None else None
         gpu_memory = float(self.layout.gpu_memory_mib * 2**20)
@@ -332,103 +340,69 @@ class Replay:
         record.memory_used = min(used, record.memory_allocated)
         with self._lock:
             # Known before it exists, so the watch can report its binding however soon.
-            self._admitted.append((record, tenant, admitted_gpu_memory(pod)))
+            if tenant is not None:
+                self._admitted.admit(record.name, record.namespace, admitted_gpu_memory(pod))
             self.ledger.created(record)
         try:
             core.create_namespaced_pod(row.namespace, pod)
         except ApiException as exc:
             with self._lock:
                 self.ledger.refuse(action.name, f"API server: {exc.status} {exc.reason}")
+                if record.refused is not None:
+                    self._admitted.end(record.name)
 
     # -- what the cluster did -----------------------------------------------------------------
 
-    def _observe(self, event_type: str, pod: Any) -> None:
-        name = pod.metadata.name
-        with self._lock:
-            now = min(self.now(), self.horizon)
-            if name not in self.ledger.records:
-                return
-            conditions = (pod.status.conditions if pod.status else None) or []
-            if any(
-                c.type == "PodScheduled" and c.status == "False" and c.reason != _GATED
-                for c in conditions
-            ):
-                self.ledger.unschedulable(name)
-            if pod.spec.node_name:
-                self.ledger.bound(name, now, pod.spec.node_name)
-            if self.strategy.kueue:
-                reason = preemption_reason(
-                    [
-                        {
-                            "type": c.type,
-                            "status": c.status,
-                            "reason": c.reason,
-                            "message": c.message,
-                        }
-                        for c in conditions
-                    ]
-                )
-                self.ledger.evicted(name, reason)
-            if event_type == "DELETED":
-                # Only the scheduler, or Kueue, deletes pods the ledger has not ended: a
-                # preemption.
-                self.ledger.gone(name, now)
-            self._changed.notify_all()
-
-    def _watch_workloads(self, api: k8s_client.ApiClient) -> None:
-        """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in
-        at its first try, as one the scheduler called unschedulable."""
+    def _informers(self, api: k8s_client.ApiClient) -> list[Informer[Any]]:
+        """The replayed pods (and with Kueue its Workloads), listed then watched."""
+        core: Any = k8s_client.CoreV1Api(api)
+        pods: Informer[PodState] = Informer(
+            "lab-pods",
+            functools.partial(core.list_pod_for_all_namespaces, label_selector=ROW_LABEL),
+            pod_state,
+            Observed(functools.partial(self._observe, api)),
+            watch_timeout=_WATCH_SECONDS,
+            backoff=_RETRY_SECONDS,
+            max_backoff=_RETRY_SECONDS,
+        )
+        if not self.strategy.kueue:
+            return [pods]
         custom: Any = k8s_client.CustomObjectsApi(api)
         group, version = KUEUE_API.split("/")
+        workloads: Informer[str] = Informer(
+            "lab-workloads",
+            functools.partial(custom.list_cluster_custom_object, group, version, "workloads"),
+            kept_out_pod,
+            Observed(self._kept_out),
+            watch_timeout=_WATCH_SECONDS,
+            backoff=_RETRY_SECONDS,
+            max_backoff=_RETRY_SECONDS,
+        )
+        return [pods, workloads]
 
-        def kept_out(workload: Mapping[str, Any]) -> None:
-            name = kept_out_pod(workload)
-            if name is not None:
-                with self._lock:
-                    self.ledger.unschedulable(name)
+    def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
+        with self._lock:
+            now = min(self.now(), self.horizon)
+            if pod.name not in self.ledger.records:
+                return
+            if pod.unschedulable:
+                self.ledger.unschedulable(pod.name)
+            if pod.node:
+                self.ledger.bound(pod.name, now, pod.node)
+            if self.strategy.kueue:
+                self.ledger.evicted(pod.name, pod.evicted_by)
+            if deleted:
+                # Only the scheduler, or Kueue, deletes pods the ledger has not ended: a
+                # preemption.
+                self.ledger.gone(pod.name, now)
+                self._admitted.end(pod.name)
+            self._changed.notify_all()
+        if deleted and self.strategy.kueue:
+            collect_workloads(api, pod.namespace, pod.uid)
 
-        while self._watching and not self.stop.is_set():
-            try:
-                listed = custom.list_cluster_custom_object(group, version, "workloads")
-                for item in listed["items"]:
-                    kept_out(item)
-                stream: Callable[..., Any] = k8s_watch.Watch().stream  # type: ignore[no-untyped-call]
-                for event in stream(
-                    custom.list_cluster_custom_object,
-                    group,
-                    version,
-                    "workloads",
-                    resource_version=listed["metadata"]["resourceVersion"],
-                    timeout_seconds=_WATCH_SECONDS,
-                ):
-                    kept_out(event["object"])
-                    if not self._watching or self.stop.is_set():
-                        break
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
-                if self.stop.wait(0.2):
-                    return
-
-    def _watch(self, api: k8s_client.ApiClient) -> None:
-        core: Any = k8s_client.CoreV1Api(api)
-        while self._watching and not self.stop.is_set():
-            try:
-                listed = core.list_pod_for_all_namespaces(label_selector=ROW_LABEL)
-                for pod in listed.items:
-                    self._observe("ADDED", pod)
-                stream: Callable[..., Any] = k8s_watch.Watch().stream  # type: ignore[no-untyped-call]
-                for event in stream(
-                    core.list_pod_for_all_namespaces,
-                    label_selector=ROW_LABEL,
-                    resource_version=listed.metadata.resource_version,
-                    timeout_seconds=_WATCH_SECONDS,
-                ):
-                    self._observe(str(event["type"]), event["object"])
-                    if event["type"] == "DELETED" and self.strategy.kueue:
-                        meta = event["object"].metadata
-                        collect_workloads(api, meta.namespace, meta.uid)
-                    if not self._watching or self.stop.is_set():
-                        break
-            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
-                # The watch broke (or the API server is going away at the end): list again.
-                if self.stop.wait(0.2):
-                    return
+    def _kept_out(self, name: str, deleted: bool) -> None:
+        """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in
+        at its first try, as one the scheduler called unschedulable."""
+        if not deleted:
+            with self._lock:
+                self.ledger.unschedulable(name)

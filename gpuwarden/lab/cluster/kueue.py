@@ -48,7 +48,13 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.certs.authority import issue_serving, new_ca
-from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
+from gpuwarden.lab.cluster.controlplane import (
+    ControlPlane,
+    Process,
+    Tools,
+    ToolsMissingError,
+    free_ports,
+)
 from gpuwarden.policy.render.kueue import KUEUE_API, configuration_requirements
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
