@@ -48,7 +48,8 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from gpuwarden.certs.authority import KeyPair, issue_client, issue_serving, new_ca
+from gpuwarden.certs.authority import KeyPair, issue_client, new_ca
+from gpuwarden.certs.loopback import loopback_serving
 
 # An editable install (the only kind the lab supports: it needs hack/build-tools.sh's binaries).
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -391,14 +392,8 @@ class ControlPlane:
 
     def _write_credentials(self) -> dict[str, Path]:
         pki = self.workdir / "pki"
-        ca = new_ca(common_name="gpuwarden-e2e-ca", valid_for=timedelta(days=2))
+        ca, serving = loopback_serving("gpuwarden-e2e-ca")
         client_ca = new_ca(common_name="gpuwarden-e2e-client-ca", valid_for=timedelta(days=2))
-        serving = issue_serving(
-            ca,
-            dns_names=["localhost"],
-            ip_addresses=["127.0.0.1"],
-            valid_for=timedelta(days=1),
-        )
         admin = issue_client(
             client_ca,
             common_name="admin",

@@ -39,7 +39,6 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.certs.authority import issue_serving, new_ca
+from gpuwarden.certs.loopback import loopback_serving
 from gpuwarden.lab.cluster.controlplane import (
     ControlPlane,
     Process,
@@ -293,13 +292,7 @@ class Kueue:
         api = self.plane.api_client()
         try:
             self._apply_crds(api, deadline)
-            ca = new_ca(common_name="gpuwarden-lab-kueue-ca", valid_for=timedelta(days=2))
-            serving = issue_serving(
-                ca,
-                dns_names=["localhost"],
-                ip_addresses=["127.0.0.1"],
-                valid_for=timedelta(days=1),
-            )
+            ca, serving = loopback_serving("gpuwarden-lab-kueue-ca")
             serving.write(workdir / "webhook-certs", "tls.crt", "tls.key")
             etc_layer = workdir / "etc"
             metrics = etc_layer / METRICS_CERT_DIR.relative_to("/etc")
