@@ -11,7 +11,7 @@ import pytest
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.inputs.defaulttrace import busy_week, default_namespaces
 from gpuwarden.lab.inputs.trace import row_pod
-from gpuwarden.lab.planning.plan import plan_strategy
+from gpuwarden.lab.planning.plan import attempt_pod, plan_strategy
 from gpuwarden.lab.planning.strategies import (
     Layout,
     Strategy,
@@ -19,7 +19,7 @@ from gpuwarden.lab.planning.strategies import (
     strategy_from_texts,
 )
 from gpuwarden.lab.replay.admitted import AdmittedMemory
-from gpuwarden.policy import AdmissionRequest, admit, apply_patch, validate
+from gpuwarden.policy import AdmissionRequest, admit, validate
 
 GIB = Decimal(2**30)
 
@@ -57,15 +57,15 @@ def test_a_planned_decision_is_the_webhooks_answer_for_every_attempt(name: str) 
             pod = row_pod(row, f"{row.name}-{row.row}-2")
             request = AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod)
             expected = admit(request, strategy.policies, view)
-            mutation = plan.decisions[row.row].mutation
-            patched = apply_patch(pod, mutation)
+            decided = plan.decisions[row.row]
+            attempt = attempt_pod(decided.pod, pod["metadata"]["name"])
             validation = validate(
-                AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=patched),
+                AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=attempt),
                 strategy.policies,
                 view,
             )
-            assert patched == expected.pod, row
-            assert mutation == expected.mutation, row
+            assert attempt == expected.pod, row
+            assert decided.mutation == expected.mutation, row
             assert validation == expected.validation, (row, held)
             denied += not expected.allowed
     if name == "default-policy-with-quota":

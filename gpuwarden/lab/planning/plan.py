@@ -68,6 +68,11 @@ def decide_rows(
     }
 
 
+def attempt_pod(decided: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A row's decided pod as one attempt of it is named (a decision never reads the name)."""
+    return {**decided, "metadata": {**decided["metadata"], "name": name}}
+
+
 def resolve_layout(
     layout: Layout,
     strategy: Strategy,

@@ -43,7 +43,7 @@ from gpuwarden.lab.cluster.nodes import pod_devices
 from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.cluster.stages import WORK_DONE
 from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
-from gpuwarden.lab.planning.plan import StrategyPlan
+from gpuwarden.lab.planning.plan import StrategyPlan, attempt_pod
 from gpuwarden.lab.planning.strategies import queue_objects
 from gpuwarden.lab.replay.admitted import AdmittedMemory
 from gpuwarden.lab.replay.ledger import Action, Complete, Create, Ledger, Withdraw
@@ -53,7 +53,6 @@ from gpuwarden.policy import (
     AdmissionRequest,
     ClusterView,
     admitted_gpu_memory,
-    apply_patch,
     validate,
 )
 from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
@@ -315,15 +314,15 @@ class Replay:
         )
         tenant: str | None = None
         policies = self.strategy.policies
-        mutation = self.plan.decisions[row.row].mutation if policies is not None else None
-        if policies is not None and mutation is not None:
+        if policies is not None:
             # The mutating answer was decided in the plan; the validating one depends on the
             # GPU memory admitted to the tenant's live pods, so it is asked now.
-            pod = apply_patch(pod, mutation)
+            decided = self.plan.decisions[row.row]
+            pod = attempt_pod(decided.pod, action.name)
             request = AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod)
             validation = validate(request, policies, self._cluster_view())
-            if not (mutation.allowed and validation.allowed):
-                record.refused = validation.message or mutation.message or "denied"
+            if not (decided.mutation.allowed and validation.allowed):
+                record.refused = validation.message or decided.mutation.message or "denied"
                 with self._lock:
                     self.ledger.created(record)
                 return
