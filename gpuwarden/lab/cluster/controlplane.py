@@ -7,7 +7,8 @@ The binaries come from ``hack/build-tools.sh``, which builds them from Go module
 What this control plane is (and is not):
 
 * etcd and kube-apiserver only, on free loopback ports, in a private temporary directory
-  (:mod:`gpuwarden.lab.cluster.schedulinglab` adds kube-scheduler and KWOK through :meth:`ControlPlane.spawn`).
+  (:mod:`gpuwarden.lab.cluster.schedulinglab` adds kube-scheduler and KWOK through
+  :meth:`ControlPlane.spawn`).
 * No kube-controller-manager, scheduler or kubelet: pods stay ``Pending`` with no node, deleted
   namespaces stay ``Terminating`` (the namespace controller never finalizes them), no default
   ServiceAccount or ``kube-root-ca.crt`` ConfigMap appears in new namespaces, and no controller

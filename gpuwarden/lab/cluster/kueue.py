@@ -12,8 +12,8 @@ How it runs here, and why:
   the webhook server on 127.0.0.1 with a serving certificate from :mod:`gpuwarden.certs`, the
   health probes on 127.0.0.1, metrics off, plain pods as the one integration, and the
   ``VisibilityOnDemand`` feature gate off (its API server would want an APIService and a port).
-  The rest is :func:`gpuwarden.policy.render.kueue.configuration_requirements`, what the rendered queues
-  rely on.
+  The rest is :func:`gpuwarden.policy.render.kueue.configuration_requirements`, what the
+  rendered queues rely on.
 * Webhooks registered by URL (``https://127.0.0.1:<port><path>``) from the module's
   ``config/components/webhook/manifests.yaml``: Kueue's own kinds and the pod webhooks, with the
   ``kube-system`` exclusion its kustomization adds to the pod webhooks.

@@ -3,8 +3,8 @@
 kube-scheduler runs with its default plugins (NodeResourcesFit, TaintToleration, NodeAffinity,
 DefaultPreemption, ...): it binds pods, preempts for them and writes why a pod stays Pending,
 exactly as in a cluster. KWOK stands in for the kubelets: it keeps the GPU nodes Ready and moves
-bound pods through Running to Succeeded (see :mod:`gpuwarden.lab.cluster.stages`). The lab itself never
-chooses a node.
+bound pods through Running to Succeeded (see :mod:`gpuwarden.lab.cluster.stages`). The lab
+itself never chooses a node.
 """
 
 from __future__ import annotations

@@ -73,7 +73,7 @@ class Layout:
     """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs, or the given
     ``node_pools`` (a trace's node list); for a strategy that shares GPUs, ``mps_nodes`` of
     them share each GPU among ``mps_replicas`` pods (None: as many as the strategy's shared
-    demand needs, see :mod:`gpuwarden.lab.planning.sizing`; resolved per strategy before a replay)."""
+    demand needs, see :mod:`gpuwarden.lab.planning.sizing`; resolved in each strategy's plan)."""
 
     nodes: int = 8
     gpus_per_node: int = 8

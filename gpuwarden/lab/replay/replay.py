@@ -2,17 +2,20 @@
 
 Per strategy: a control plane, kube-scheduler, KWOK and the layout's nodes; the policy's
 PriorityClasses; then the :class:`~gpuwarden.lab.replay.ledger.Ledger` says when each row's pod is
-created (time divided by ``scale``); gpuwarden's policy core decides it in this process (the
-decision the webhook would return, byte for byte) and it is created through the API server. A
-watch reports to the ledger when the scheduler bound each pod and which pods it deleted to
-preempt them; when the work model says a pod's work is done, the replay marks it so and KWOK
-turns it Succeeded, which frees its GPUs for the scheduler.
+created (time divided by ``scale``). The pod is the one its
+:class:`~gpuwarden.lab.planning.plan.StrategyPlan` decided for the row, validated again by the
+policy core in this process against the GPU memory the tenant's live pods hold (together the
+decision the webhook would return, byte for byte), and it is created through the API server. An
+informer (:mod:`gpuwarden.kube.informer`) on the replayed pods reports to the ledger when the
+scheduler bound each pod and which pods it deleted to preempt them; when the work model says a
+pod's work is done, the replay marks it so and KWOK turns it Succeeded, which frees its GPUs for
+the scheduler.
 
 A strategy with tenant queues (:attr:`Strategy.kueue`) also runs Kueue on its lab
-(:mod:`gpuwarden.lab.cluster.kueue`) with the objects ``gpuwarden render --kueue`` writes for it: Kueue
-gates every pod until it admits it, and may preempt one to give a tenant its quota back (the pod
-is deleted with Kueue's reason on it; its controller recreates it as after any preemption). The
-replay deletes a deleted pod's Workload, the garbage collector's part (no
+(:mod:`gpuwarden.lab.cluster.kueue`) with the objects ``gpuwarden render --kueue`` writes for it:
+Kueue gates every pod until it admits it, and may preempt one to give a tenant its quota back
+(the pod is deleted with Kueue's reason on it; its controller recreates it as after any
+preemption). The replay deletes a deleted pod's Workload, the garbage collector's part (no
 kube-controller-manager runs in the lab).
 """
 
