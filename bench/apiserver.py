@@ -1,13 +1,13 @@
 """Pod creation through a real kube-apiserver: no webhook, gpuwarden, and Kyverno (issue 13).
 
-One etcd + kube-apiserver on loopback (gpuwarden.lab.controlplane, the e2e suites' control plane)
+One etcd + kube-apiserver on loopback (gpuwarden.lab.cluster.controlplane, the e2e suites' control plane)
 serves four runs in one go:
 
 * **none**: no admission webhook is registered;
 * **echo**: bench/load.py's bare handler (answers allowed, no patch) behind the chart's webhook
   configurations: what calling any mutating + validating pair costs the API server;
 * **gpuwarden**: ``gpuwarden serve`` with the chart's Mutating and Validating
-  WebhookConfigurations, set up exactly as the e2e suites do it (gpuwarden.lab.webhookstack);
+  WebhookConfigurations, set up exactly as the e2e suites do it (gpuwarden.lab.cluster.webhookstack);
 * **kyverno**: Kyverno's admission controller (hack/build-kyverno.sh), run out of cluster against
   the same API server (``--serverIP``), with its CRDs and ConfigMaps from its module's config/ and
   the ClusterPolicies of bench/kyverno/.
@@ -72,7 +72,7 @@ from bench.apiserver_webhooks import (  # noqa: E402
     gpuwarden_webhooks,
     prepare_cluster,
 )
-from gpuwarden.lab.controlplane import ControlPlane, Tools  # noqa: E402
+from gpuwarden.lab.cluster.controlplane import ControlPlane, Tools  # noqa: E402
 
 PEERS = ("none", "echo", "gpuwarden", "kyverno")
 

@@ -16,7 +16,7 @@ import yaml
 
 from bench.apiserver_pods import ROOT, Obj, namespace_manifests
 from bench.apiserver_webhooks import dry_run_pod, governed, wait_for
-from gpuwarden.lab.controlplane import ControlPlane, cache_dir, free_ports
+from gpuwarden.lab.cluster.controlplane import ControlPlane, cache_dir, free_ports
 
 KYVERNO_POLICIES = ROOT / "bench" / "kyverno"
 

@@ -1,5 +1,5 @@
 """The webhooks the API server calls in the runs: bench/load.py's bare handler behind the chart's
-webhook configurations (echo), and gpuwarden as the chart installs it (gpuwarden.lab.webhookstack,
+webhook configurations (echo), and gpuwarden as the chart installs it (gpuwarden.lab.cluster.webhookstack,
 as the e2e suites set it up); the cluster every run sees, and each run's check of its pods."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from bench.apiserver_load import pids_with
 from bench.apiserver_pods import DEFAULT_POLICIES, ROOT, Obj, namespace_manifests
 from bench.apiserver_report import comparable
 from gpuwarden.certs.rotation import ServingNames, issue_directory
-from gpuwarden.lab.controlplane import ControlPlane, free_ports
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.controlplane import ControlPlane, free_ports
+from gpuwarden.lab.cluster.webhookstack import (
     chart_values_for,
     chart_webhook_configurations,
     delete_webhook_configurations,

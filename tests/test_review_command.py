@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.certs.rotation import CertDirectory, ServingNames, issue_directory
+from gpuwarden.certs.loopback import loopback_directory
+from gpuwarden.certs.rotation import CertDirectory
 from gpuwarden.cli import main
 from gpuwarden.kube.cluster import StaticCluster
 from gpuwarden.webhook.app import Settings
@@ -28,7 +29,7 @@ ESCAPE = POLICIES / "tests" / "pods" / "escape-mps-pipe.yaml"
 
 @pytest.fixture
 def certs(tmp_path: Path) -> CertDirectory:
-    return issue_directory(tmp_path / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+    return loopback_directory(tmp_path / "certs")
 
 
 @pytest.fixture
@@ -119,7 +120,7 @@ async def test_a_server_the_ca_does_not_sign_is_refused(
     certs: CertDirectory,
     tmp_path: Path,
 ) -> None:
-    other = issue_directory(tmp_path / "other", ServingNames(("localhost",), ("127.0.0.1",)))
+    other = loopback_directory(tmp_path / "other")
     code, out, err = await review(capsys, server, certs, "--ca", str(other.ca_cert), str(SAMPLE))
     assert (code, out) == (2, "")
     assert err.startswith(f"error: {SAMPLE}: cannot reach https://127.0.0.1:{server.port}/mutate: ")

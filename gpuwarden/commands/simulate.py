@@ -16,7 +16,14 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.commands._inputs import InputError, eprint, load_cluster
 from gpuwarden.lab import simulate
-from gpuwarden.lab.alibaba import (
+from gpuwarden.lab.cluster.controlplane import (
+    REPO_ROOT,
+    ControlPlaneError,
+    Tools,
+    ToolsMissingError,
+)
+from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.inputs.alibaba import (
     NODE_HEADER,
     is_alibaba_nodes,
     is_alibaba_pods,
@@ -24,13 +31,11 @@ from gpuwarden.lab.alibaba import (
     parse_alibaba_pods,
     parse_qos_mapping,
 )
-from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlaneError, Tools, ToolsMissingError
-from gpuwarden.lab.defaulttrace import BUILTIN_TRACES, default_namespaces
-from gpuwarden.lab.nodes import GpuNodePool
-from gpuwarden.lab.plot import PlotUnavailableError, write_png
-from gpuwarden.lab.report import table
-from gpuwarden.lab.sizing import shared_slice_hours
-from gpuwarden.lab.strategies import (
+from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
+from gpuwarden.lab.inputs.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.planning.plan import StrategyPlan, plan_strategy
+from gpuwarden.lab.planning.sizing import shared_slice_hours
+from gpuwarden.lab.planning.strategies import (
     KUEUE_SUFFIX,
     Layout,
     Strategy,
@@ -39,7 +44,8 @@ from gpuwarden.lab.strategies import (
     offered_gpu_hours,
     strategy_from_paths,
 )
-from gpuwarden.lab.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
+from gpuwarden.lab.reporting.report import table
 from gpuwarden.policy import PolicyError
 
 HELP = (
@@ -333,14 +339,21 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
         raise InputError("--horizon and --real-time must be above 0")
     layout = _layout(args)
     demand = offered_gpu_hours(rows, horizon)
+    plans: dict[str, StrategyPlan] = {}
+
+    def planned(strategy: Strategy) -> StrategyPlan:
+        # Once per strategy: a tenant-queue variant's base is planned for its sizing.
+        if strategy.name not in plans:
+            plans[strategy.name] = plan_strategy(strategy, layout, rows, namespaces)
+        return plans[strategy.name]
 
     def queued(base: Strategy) -> Strategy:
         # The MPS nodes the base strategy gets, which its tenants' sharedGpus add up to.
-        resolved, _ = simulate.resolve_layout(layout, base, rows, namespaces)
-        shared = shared_slice_hours(base, rows, namespaces, horizon) if base.shares else {}
-        return kueue_variant(base, namespaces, demand, resolved, shared)
+        sized = planned(base)
+        shared = shared_slice_hours(rows, sized.decisions, horizon) if base.shares else {}
+        return kueue_variant(base, namespaces, demand, sized.layout, shared)
 
-    strategies = _strategies(args, queued)
+    strategies = [planned(s) for s in _strategies(args, queued)]
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
 
 

@@ -6,15 +6,16 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TextIO
 
-from gpuwarden.lab.controlplane import Tools
-from gpuwarden.lab.replay import Replay, Stopped
-from gpuwarden.lab.report import PodRecord, StrategyReport, TraceLoad, summarize, trace_load
-from gpuwarden.lab.sizing import mps_nodes_for, shared_demand
-from gpuwarden.lab.strategies import Layout, Strategy
-from gpuwarden.lab.trace import TraceRow
+from gpuwarden.lab.cluster.controlplane import Tools
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.lab.planning.plan import StrategyPlan
+from gpuwarden.lab.planning.strategies import Layout
+from gpuwarden.lab.replay.records import PodRecord
+from gpuwarden.lab.replay.replay import Replay, Stopped
+from gpuwarden.lab.reporting.report import StrategyReport, TraceLoad, summarize, trace_load
 
 _BAR_WIDTH = 30
 _REFRESH = 0.5
@@ -23,8 +24,8 @@ _REFRESH = 0.5
 @dataclass(frozen=True)
 class Plan:
     rows: Sequence[TraceRow]
-    strategies: Sequence[Strategy]
-    layout: Layout
+    strategies: Sequence[StrategyPlan]  # each with its layout resolved and its rows decided
+    layout: Layout  # as asked (MPS nodes None: sized per strategy)
     namespaces: Mapping[str, Mapping[str, str]]
     horizon: float  # simulated seconds
     real_seconds: float  # wall-clock seconds the horizon is replayed in
@@ -47,55 +48,20 @@ def progress_line(done: float, horizon: float, running: int, starting: int = 0) 
     )
 
 
-def strategy_layout(plan: Plan, strategy: Strategy) -> tuple[Layout, list[str]]:
-    """The plan's layout with the strategy's MPS nodes resolved, and notes on them."""
-    return resolve_layout(plan.layout, strategy, plan.rows, plan.namespaces)
-
-
-def resolve_layout(
-    layout: Layout,
-    strategy: Strategy,
-    rows: Sequence[TraceRow],
-    namespaces: Mapping[str, Mapping[str, str]],
-) -> tuple[Layout, list[str]]:
-    """``layout`` with the strategy's MPS nodes resolved (sized to its shared demand when the
-    layout leaves them open, or those its tenant queues were split for), and notes on them."""
-    if not strategy.shares:
-        return replace(layout, mps_nodes=0), []
-    if layout.mps_nodes is None and strategy.mps_nodes is not None:
-        layout = replace(layout, mps_nodes=strategy.mps_nodes)
-        return layout, [f"MPS nodes: {strategy.mps_nodes}, those its tenant queues were split for"]
-    if layout.mps_nodes is not None:
-        if layout.mps_nodes == 0:
-            return layout, [
-                "it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"
-            ]
-        return layout, []
-    slices = shared_demand(strategy, rows, namespaces)
-    nodes = mps_nodes_for(slices, layout.mps_gpus_per_node, layout.mps_replicas)
-    note = (
-        f"MPS nodes sized to its shared demand: {nodes} (at most {slices} slices asked at once, "
-        f"{layout.mps_replicas} per GPU)"
-    )
-    return replace(layout, mps_nodes=nodes), [note]
-
-
 def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[StrategyReport]:
     """Replay every strategy (in parallel); Ctrl-C stops all of them, their processes too."""
     stop = threading.Event()
-    layouts = [strategy_layout(plan, strategy) for strategy in plan.strategies]
     replays = [
         Replay(
-            strategy,
+            planned,
             plan.rows,
             tools=tools,
-            layout=layout,
             namespaces=plan.namespaces,
             horizon=plan.horizon,
             scale=plan.scale,
             stop=stop,
         )
-        for strategy, (layout, _) in zip(plan.strategies, layouts, strict=True)
+        for planned in plan.strategies
     ]
     bar = progress if progress is not None and progress.isatty() else None
     with ThreadPoolExecutor(max_workers=len(replays), thread_name_prefix="replay") as pool:
@@ -123,12 +89,10 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
             error = future.exception()
             if error is not None and not isinstance(error, Stopped):
                 raise error
-    return [
-        report(replay, plan, notes) for replay, (_, notes) in zip(replays, layouts, strict=True)
-    ]
+    return [report(replay, plan) for replay in replays]
 
 
-def report(replay: Replay, plan: Plan, layout_notes: Sequence[str] = ()) -> StrategyReport:
+def report(replay: Replay, plan: Plan) -> StrategyReport:
     samples = replay.model.samples
     return summarize(
         replay.strategy.name,
@@ -139,7 +103,7 @@ def report(replay: Replay, plan: Plan, layout_notes: Sequence[str] = ()) -> Stra
         allocated=[(s.at, s.allocated) for s in samples],
         busy=[(s.at, s.busy) for s in samples],
         pending=replay.ledger.backlog,
-        notes=(*replay.strategy.notes, *layout_notes),
+        notes=(*replay.strategy.notes, *replay.plan.notes),
         quotas=replay.strategy.queues,
         shared_quotas=replay.strategy.shared_gpus,
     )

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from gpuwarden.lab.controlplane import ControlPlane, Tools
+from gpuwarden.lab.cluster.controlplane import ControlPlane, Tools
 from gpuwarden.policy.render.packing import (
     BINPACK_SCHEDULER,
     binpack_profile,

@@ -1,10 +1,10 @@
-"""The e2e suites' control plane: etcd plus kube-apiserver, from gpuwarden.lab.controlplane.
+"""The e2e suites' control plane: etcd plus kube-apiserver, from gpuwarden.lab.cluster.controlplane.
 
 It moved into the package so that the scheduling lab (``gpuwarden simulate``) runs on the same
 code; the suites keep importing it from here.
 """
 
-from gpuwarden.lab.controlplane import (
+from gpuwarden.lab.cluster.controlplane import (
     ADMISSION_PLUGINS,
     BUILD_SCRIPT,
     REPO_ROOT,
@@ -16,7 +16,7 @@ from gpuwarden.lab.controlplane import (
     cache_dir,
     free_ports,
 )
-from gpuwarden.lab.controlplane import die_with_parent as _die_with_parent
+from gpuwarden.lab.cluster.controlplane import die_with_parent as _die_with_parent
 
 __all__ = [
     "ADMISSION_PLUGINS",

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from gpuwarden.lab.webhookstack import POLICIES_DIR, WebhookStack, plane_webhook_stack
+from gpuwarden.lab.cluster.webhookstack import POLICIES_DIR, WebhookStack, plane_webhook_stack
 
 from .controlplane import ControlPlane, Tools, build_tools
 from .webhook import AUDIT_POLICY, AuditLog

@@ -20,7 +20,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     POLICIES_DIR,
     RELEASE_NAMESPACE,

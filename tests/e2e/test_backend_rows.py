@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     WebhookStack,
     create_pod,

@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import WebhookStack, create_namespace
+from gpuwarden.lab.cluster.webhookstack import WebhookStack, create_namespace
 
 from .webhook import api_error
 

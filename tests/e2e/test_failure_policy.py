@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     RELEASE_NAMESPACE,
     Obj,

@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.webhookstack import (
     CHART_DIR,
     KUBEFLOW_PROFILE_LABELS,
     RELEASE_NAME,

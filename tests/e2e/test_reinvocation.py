@@ -17,15 +17,14 @@ import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
 
-from gpuwarden.certs.authority import issue_serving, new_ca
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.certs.loopback import loopback_serving
+from gpuwarden.lab.cluster.webhookstack import (
     Obj,
     WebhookStack,
     create_pod,
@@ -58,13 +57,7 @@ class Labeller:
 
     def __post_init__(self) -> None:
         self.port = free_ports(1)[0]
-        self.ca = new_ca(common_name="e2e-labeller-ca", valid_for=timedelta(days=1))
-        serving = issue_serving(
-            self.ca,
-            dns_names=["localhost"],
-            ip_addresses=["127.0.0.1"],
-            valid_for=timedelta(days=1),
-        )
+        self.ca, serving = loopback_serving("e2e-labeller-ca")
         self.cert, self.key = serving.write(self.workdir, "tls.crt", "tls.key")
 
     async def _mutate(self, request: web.Request) -> web.Response:

@@ -9,7 +9,7 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import WebhookStack, create_pod
+from gpuwarden.lab.cluster.webhookstack import WebhookStack, create_pod
 
 from .webhook import api_error, example_pod, place_pod, read_pod
 

@@ -39,7 +39,7 @@ from gpuwarden.certs.rotation import (
     rotate_ca,
 )
 from gpuwarden.kube.webhooks import inject_ca_bundle
-from gpuwarden.lab.webhookstack import (
+from gpuwarden.lab.cluster.webhookstack import (
     RELEASE_NAME,
     WebhookStack,
     create_pod,

@@ -1,7 +1,7 @@
 """What the e2e suites expect of pods, and the API server's audit log.
 
 The webhook stack itself (``gpuwarden serve`` against the control plane, the chart's webhook
-configurations, PriorityClasses, namespaces, pod creation) is :mod:`gpuwarden.lab.webhookstack`,
+configurations, PriorityClasses, namespaces, pod creation) is :mod:`gpuwarden.lab.cluster.webhookstack`,
 which ``bench/apiserver.py`` uses too. Here is only what the tests assert with:
 
 * Pods: the Kubeflow examples moved into test namespaces, reading them back, refusals and their
@@ -26,48 +26,16 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.webhookstack import (
-    KUBEFLOW_PROFILE_LABELS,
+from gpuwarden.lab.cluster.webhookstack import (
     POLICIES_DIR,
     Obj,
-    WebhookStack,
     WebhookStackError,
-    create_pod,
     parse_warning,
-    plane_webhook_stack,
     wait_for,
 )
 from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import REPO_ROOT
-
-# KUBEFLOW_PROFILE_LABELS, WebhookStack, create_pod, plane_webhook_stack and wait_for are the
-# stack's; tests/lab still imports them from here.
-__all__ = [
-    "AUDIT_POLICY",
-    "EXAMPLES_DIR",
-    "KUBEFLOW_EXAMPLES",
-    "KUBEFLOW_PROFILE_LABELS",
-    "POLICY_TEST_PODS",
-    "AuditLog",
-    "WebhookStack",
-    "api_error",
-    "comparable_spec",
-    "create_pod",
-    "example_pod",
-    "exception_warnings",
-    "load_pod",
-    "place_pod",
-    "plain_pod",
-    "plane_webhook_stack",
-    "pod_exists",
-    "pod_labels",
-    "quantities",
-    "read_pod",
-    "scheduler_name",
-    "wait_for",
-    "webhook_audit",
-]
 
 EXAMPLES_DIR = REPO_ROOT / "examples"
 POLICY_TEST_PODS = POLICIES_DIR / "tests" / "pods"

@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.webhook import KUBEFLOW_PROFILE_LABELS, WebhookStack, plane_webhook_stack
 from kubernetes import client as k8s_client
 
-from gpuwarden.lab.cluster import SchedulingLab, lab_control_plane, running_lab
-from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlane, Tools
-from gpuwarden.lab.nodes import GpuNodePool
+from gpuwarden.lab.cluster.controlplane import REPO_ROOT, ControlPlane, Tools
+from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, lab_control_plane, running_lab
+from gpuwarden.lab.cluster.webhookstack import (
+    KUBEFLOW_PROFILE_LABELS,
+    WebhookStack,
+    plane_webhook_stack,
+)
 
 LAB_POLICIES = Path(__file__).resolve().parent / "policies"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.lab.alibaba import (
+from gpuwarden.lab.inputs.alibaba import (
     MODEL_PRODUCTS,
     NODE_HEADER,
     POD_HEADER,
@@ -22,8 +22,8 @@ from gpuwarden.lab.alibaba import (
     parse_qos_mapping,
     products_for_spec,
 )
-from gpuwarden.lab.defaulttrace import PROFILE_NAMESPACE_LABELS
-from gpuwarden.lab.trace import TraceError
+from gpuwarden.lab.inputs.defaulttrace import PROFILE_NAMESPACE_LABELS
+from gpuwarden.lab.inputs.trace import TraceError
 
 SAMPLES = Path(__file__).parent / "alibaba"
 PODS = (SAMPLES / "pods.csv").read_text()

@@ -1,5 +1,5 @@
 """Tenant queues in the lab: `gpuwarden render --kueue` applied to a real API server, with the
-real Kueue (v0.17.0, out of cluster: gpuwarden.lab.kueue), kube-scheduler and KWOK's GPU nodes.
+real Kueue (v0.17.0, out of cluster: gpuwarden.lab.cluster.kueue), kube-scheduler and KWOK's GPU nodes.
 
 Each test renders its own policy, creates the objects, and sends pods as gpuwarden's webhook
 makes them (the policy core's admit(), the code the webhook runs) into namespaces that have the
@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from e2e.webhook import create_pod, read_pod, wait_for
+from e2e.webhook import read_pod
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.cluster import SchedulingLab
-from gpuwarden.lab.controlplane import ControlPlane, Tools
-from gpuwarden.lab.kueue import Kueue, running_kueue
-from gpuwarden.lab.nodes import GpuNodePool
-from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.lab.cluster.controlplane import ControlPlane, Tools
+from gpuwarden.lab.cluster.kueue import Kueue, running_kueue
+from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.cluster.schedulinglab import SchedulingLab
+from gpuwarden.lab.cluster.webhookstack import create_pod, wait_for
+from gpuwarden.lab.inputs.workloads import workload_pod
 from gpuwarden.policy import (
     AdmissionRequest,
     ClusterView,

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuwarden.lab.nodes import GpuNodePool, Taint
-from gpuwarden.lab.stages import COMPLETE_AFTER, WORK_DONE, go_duration, lab_stages
-from gpuwarden.lab.workloads import WORKLOAD_KINDS, workload_pod
+from gpuwarden.lab.cluster.nodes import GpuNodePool, Taint
+from gpuwarden.lab.cluster.stages import COMPLETE_AFTER, WORK_DONE, go_duration, lab_stages
+from gpuwarden.lab.inputs.workloads import WORKLOAD_KINDS, workload_pod
 from gpuwarden.policy.pod.workloads import identify
 
 

@@ -12,14 +12,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from e2e.webhook import create_pod, pod_exists, read_pod, wait_for
+from e2e.webhook import pod_exists, read_pod
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.node_pods import NodeCluster
-from gpuwarden.lab.cluster import pod_scheduled_condition
-from gpuwarden.lab.nodes import GpuNodePool, Taint
-from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.lab.cluster.nodes import GpuNodePool, Taint
+from gpuwarden.lab.cluster.schedulinglab import pod_scheduled_condition
+from gpuwarden.lab.cluster.webhookstack import create_pod, wait_for
+from gpuwarden.lab.inputs.workloads import workload_pod
 from gpuwarden.node.pods import pod_info
 from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES
 from gpuwarden.policy.render.objects import render

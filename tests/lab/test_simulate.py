@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e.webhook import wait_for
 
-from gpuwarden.lab.controlplane import REPO_ROOT, Tools
+from gpuwarden.lab.cluster.controlplane import REPO_ROOT, Tools
+from gpuwarden.lab.cluster.webhookstack import wait_for
 
 from .conftest import LAB_POLICIES, simulate_json
 

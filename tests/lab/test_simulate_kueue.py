@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpuwarden.lab.controlplane import Tools
-from gpuwarden.lab.kueue import preemption_reason
-from gpuwarden.lab.report import PodRecord, summarize, table
-from gpuwarden.lab.strategies import entitled_quotas
+from gpuwarden.lab.cluster.controlplane import Tools
+from gpuwarden.lab.cluster.kueue import preemption_reason
+from gpuwarden.lab.planning.strategies import entitled_quotas
+from gpuwarden.lab.replay.records import PodRecord
+from gpuwarden.lab.reporting.report import summarize, table
 
 from .conftest import LAB_POLICIES, simulate_json
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.lab.strategies import (
+from gpuwarden.lab.planning.strategies import (
     SHARING_ONLY_POLICY,
     Layout,
     entitled_quotas,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.cli import main
-from gpuwarden.lab.defaulttrace import (
+from gpuwarden.lab.inputs.defaulttrace import (
     NAMESPACES,
     WEEK,
     busy_week,
@@ -17,10 +17,7 @@ from gpuwarden.lab.defaulttrace import (
     interactive_week,
     training_week,
 )
-from gpuwarden.lab.replay import pod_allocation
-from gpuwarden.lab.report import PodRecord, RowOutcome, percentile, summarize, table, trace_load
-from gpuwarden.lab.strategies import LAB_BACKEND, Layout, builtin_strategies
-from gpuwarden.lab.trace import (
+from gpuwarden.lab.inputs.trace import (
     DEFAULT_BUSY,
     TraceError,
     TraceRow,
@@ -28,7 +25,11 @@ from gpuwarden.lab.trace import (
     parse_trace,
     trace_csv,
 )
-from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.lab.inputs.workloads import workload_pod
+from gpuwarden.lab.planning.strategies import LAB_BACKEND, Layout, builtin_strategies
+from gpuwarden.lab.replay.records import PodRecord, RowOutcome
+from gpuwarden.lab.replay.replay import pod_allocation
+from gpuwarden.lab.reporting.report import percentile, summarize, table, trace_load
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 
 REPO = Path(__file__).resolve().parents[2]

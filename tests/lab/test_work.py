@@ -7,10 +7,11 @@ from decimal import Decimal
 
 import pytest
 
-from gpuwarden.lab.ledger import BATCH_BACKOFF, Complete, Create, Ledger, Withdraw
-from gpuwarden.lab.report import PodRecord, summarize, table
-from gpuwarden.lab.trace import TraceRow
-from gpuwarden.lab.work import NodeGpus, WorkModel
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.lab.replay.ledger import BATCH_BACKOFF, Complete, Create, Ledger, Withdraw
+from gpuwarden.lab.replay.records import PodRecord
+from gpuwarden.lab.replay.work import NodeGpus, WorkModel
+from gpuwarden.lab.reporting.report import summarize, table
 
 HOUR = 3600.0
 

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from webhook.support import NAMESPACES, POLICY, notebook_pod, review
 
-from gpuwarden.certs.rotation import ServingNames, issue_directory
+from gpuwarden.certs.loopback import loopback_directory
 from gpuwarden.kube.cluster import StaticCluster
 from gpuwarden.webhook.app import Settings
 from gpuwarden.webhook.server import ServeConfig, WebhookServer
@@ -48,7 +48,7 @@ class ThreadedServer:
         (root / "policies").mkdir()
         (root / "policies" / "policy.yaml").write_text(POLICY)
         (root / "namespaces.yaml").write_text(NAMESPACES)
-        certs = issue_directory(root / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+        certs = loopback_directory(root / "certs")
         self.config = ServeConfig(
             policies=(root / "policies",),
             host="127.0.0.1",

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from gpuwarden.cli import main
-from gpuwarden.lab.workloads import workload_pod
+from gpuwarden.lab.inputs.workloads import workload_pod
 from gpuwarden.policy import AdmissionRequest, ClusterView, admit, load_texts
 from gpuwarden.policy.lint import lint_errors
 from gpuwarden.policy.render.kueue import PODSET_LABEL

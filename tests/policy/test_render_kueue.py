@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from gpuwarden.cli import main as gpuwarden
-from gpuwarden.lab.kueue import crd_manifests, crd_schema, module_dir
+from gpuwarden.lab.cluster.kueue import crd_manifests, crd_schema, module_dir
 from gpuwarden.policy import PolicyError, PolicySet, load_texts
 from gpuwarden.policy.lint import lint_warnings
 from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES

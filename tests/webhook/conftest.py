@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gpuwarden.certs.rotation import ServingNames, issue_directory
+from gpuwarden.certs.loopback import loopback_directory
 from gpuwarden.kube.cluster import StaticCluster
 from gpuwarden.webhook.server import WebhookServer
 
@@ -23,7 +23,7 @@ def workdir(tmp_path: Path) -> Workdir:
     (policies / "policy.yaml").write_text(POLICY)
     namespaces = tmp_path / "namespaces.yaml"
     namespaces.write_text(NAMESPACES)
-    certs = issue_directory(tmp_path / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+    certs = loopback_directory(tmp_path / "certs")
     return Workdir(tmp_path, policies, namespaces, certs)
 
 

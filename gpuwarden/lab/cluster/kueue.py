@@ -12,8 +12,8 @@ How it runs here, and why:
   the webhook server on 127.0.0.1 with a serving certificate from :mod:`gpuwarden.certs`, the
   health probes on 127.0.0.1, metrics off, plain pods as the one integration, and the
   ``VisibilityOnDemand`` feature gate off (its API server would want an APIService and a port).
-  The rest is :func:`gpuwarden.policy.render.kueue.configuration_requirements`, what the rendered queues
-  rely on.
+  The rest is :func:`gpuwarden.policy.render.kueue.configuration_requirements`, what the
+  rendered queues rely on.
 * Webhooks registered by URL (``https://127.0.0.1:<port><path>``) from the module's
   ``config/components/webhook/manifests.yaml``: Kueue's own kinds and the pod webhooks, with the
   ``kube-system`` exclusion its kustomization adds to the pod webhooks.
@@ -39,7 +39,6 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +46,14 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.certs.authority import issue_serving, new_ca
-from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
+from gpuwarden.certs.loopback import loopback_serving
+from gpuwarden.lab.cluster.controlplane import (
+    ControlPlane,
+    Process,
+    Tools,
+    ToolsMissingError,
+    free_ports,
+)
 from gpuwarden.policy.render.kueue import KUEUE_API, configuration_requirements
 
 KUEUE_MODULE = "sigs.k8s.io/kueue"
@@ -287,13 +292,7 @@ class Kueue:
         api = self.plane.api_client()
         try:
             self._apply_crds(api, deadline)
-            ca = new_ca(common_name="gpuwarden-lab-kueue-ca", valid_for=timedelta(days=2))
-            serving = issue_serving(
-                ca,
-                dns_names=["localhost"],
-                ip_addresses=["127.0.0.1"],
-                valid_for=timedelta(days=1),
-            )
+            ca, serving = loopback_serving("gpuwarden-lab-kueue-ca")
             serving.write(workdir / "webhook-certs", "tls.crt", "tls.key")
             etc_layer = workdir / "etc"
             metrics = etc_layer / METRICS_CERT_DIR.relative_to("/etc")

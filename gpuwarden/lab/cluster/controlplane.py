@@ -7,7 +7,8 @@ The binaries come from ``hack/build-tools.sh``, which builds them from Go module
 What this control plane is (and is not):
 
 * etcd and kube-apiserver only, on free loopback ports, in a private temporary directory
-  (:mod:`gpuwarden.lab.cluster` adds kube-scheduler and KWOK through :meth:`ControlPlane.spawn`).
+  (:mod:`gpuwarden.lab.cluster.schedulinglab` adds kube-scheduler and KWOK through
+  :meth:`ControlPlane.spawn`).
 * No kube-controller-manager, scheduler or kubelet: pods stay ``Pending`` with no node, deleted
   namespaces stay ``Terminating`` (the namespace controller never finalizes them), no default
   ServiceAccount or ``kube-root-ca.crt`` ConfigMap appears in new namespaces, and no controller
@@ -48,10 +49,11 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
-from gpuwarden.certs.authority import KeyPair, issue_client, issue_serving, new_ca
+from gpuwarden.certs.authority import KeyPair, issue_client, new_ca
+from gpuwarden.certs.loopback import loopback_serving
 
 # An editable install (the only kind the lab supports: it needs hack/build-tools.sh's binaries).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-tools.sh"
 
 #: The admission plugins this project depends on. Kubernetes keeps its default-on plugins
@@ -391,14 +393,8 @@ class ControlPlane:
 
     def _write_credentials(self) -> dict[str, Path]:
         pki = self.workdir / "pki"
-        ca = new_ca(common_name="gpuwarden-e2e-ca", valid_for=timedelta(days=2))
+        ca, serving = loopback_serving("gpuwarden-e2e-ca")
         client_ca = new_ca(common_name="gpuwarden-e2e-client-ca", valid_for=timedelta(days=2))
-        serving = issue_serving(
-            ca,
-            dns_names=["localhost"],
-            ip_addresses=["127.0.0.1"],
-            valid_for=timedelta(days=1),
-        )
         admin = issue_client(
             client_ca,
             common_name="admin",

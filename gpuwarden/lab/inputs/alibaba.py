@@ -33,7 +33,7 @@ How pods become :class:`TraceRow` values (every default):
   ``LS`` -> serving / kserve-predictor, ``BE`` -> batch / katib-trial (preemptible batch),
   ``Burstable`` and ``Guaranteed`` -> training / training-job. A GPU pod whose qos is not mapped
   is an error. Each namespace is a Kubeflow profile namespace
-  (:data:`~gpuwarden.lab.defaulttrace.PROFILE_NAMESPACE_LABELS`).
+  (:data:`~gpuwarden.lab.inputs.defaulttrace.PROFILE_NAMESPACE_LABELS`).
 * ``gpus`` = ``num_gpu`` when ``gpu_milli`` is 1000; a shared request (``gpu_milli`` below
   1000, ``num_gpu`` 1) asks ``gpu_milli / 1000`` of one GPU and keeps that share busy
   (``busy`` = ``gpu_milli / 1000``); whole-GPU pods are busy :data:`DEFAULT_BUSY` of their kind.
@@ -85,10 +85,10 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-from gpuwarden.lab.defaulttrace import PROFILE_NAMESPACE_LABELS
-from gpuwarden.lab.nodes import GpuNodePool
-from gpuwarden.lab.trace import DEFAULT_BUSY, TraceError, TraceRow
-from gpuwarden.lab.workloads import WORKLOAD_KINDS
+from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.inputs.defaulttrace import PROFILE_NAMESPACE_LABELS
+from gpuwarden.lab.inputs.trace import DEFAULT_BUSY, TraceError, TraceRow
+from gpuwarden.lab.inputs.workloads import WORKLOAD_KINDS
 
 POD_HEADER = (
     "name",

@@ -43,7 +43,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.lab.controlplane import REPO_ROOT, ControlPlane, die_with_parent, free_ports
+from gpuwarden.lab.cluster.controlplane import REPO_ROOT, ControlPlane, die_with_parent, free_ports
 from gpuwarden.policy import (
     Admission,
     AdmissionRequest,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from gpuwarden.lab.report import StrategyReport
+from gpuwarden.lab.reporting.report import StrategyReport
 
 
 class PlotUnavailableError(RuntimeError):

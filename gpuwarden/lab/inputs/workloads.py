@@ -10,8 +10,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
-from gpuwarden.lab.nodes import SHARED_PRODUCT_SUFFIX
-from gpuwarden.lab.stages import COMPLETE_AFTER, go_duration
+from gpuwarden.lab.cluster.nodes import SHARED_PRODUCT_SUFFIX
+from gpuwarden.lab.cluster.stages import COMPLETE_AFTER, go_duration
 
 WorkloadKind = Literal[
     "kfp-step", "training-job", "trainjob", "katib-trial", "notebook", "kserve-predictor"

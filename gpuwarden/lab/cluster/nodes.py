@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
+from gpuwarden.lab.cluster.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
+from gpuwarden.policy.pod.quantity import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
 SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
@@ -23,6 +24,22 @@ SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 SHARED_PRODUCT_SUFFIX = "-SHARED"
 #: The label every lab node carries, with its pool's name (so a run can list its nodes).
 POOL_LABEL = "lab.gpuwarden.io/pool"
+
+
+def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:
+    """(whole GPUs, MPS slices) the pod's containers ask for."""
+    whole = slices = 0
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        limits = (container.get("resources") or {}).get("limits") or {}
+        requests = (container.get("resources") or {}).get("requests") or {}
+        count = limits.get(GPU_RESOURCE, requests.get(GPU_RESOURCE))
+        shared = limits.get(SHARED_GPU_RESOURCE, requests.get(SHARED_GPU_RESOURCE))
+        if count is not None:
+            whole += int(parse_quantity(count))
+        if shared is not None:
+            slices += int(parse_quantity(shared))
+    return whole, slices
+
 
 TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
 

@@ -1,11 +1,11 @@
 """What a replay has to do, and what it did, as the cluster reports it (pure: simulated seconds
-in, actions and records out; :mod:`gpuwarden.lab.replay` does the I/O).
+in, actions and records out; :mod:`gpuwarden.lab.replay.replay` does the I/O).
 
 The ledger plays the parts of Kubeflow's controllers and of the work itself, never of the
 scheduler: it says when a row's pod is created (at the row's arrival, after the step before it
 in its ``run``, or again after a preemption, as a Job, PyTorchJob, Katib or KServe controller
 would recreate it), and when a pod's work is done (a batch pod once the
-:class:`~gpuwarden.lab.work.WorkModel` says it has done its work, a service at the end of its
+:class:`~gpuwarden.lab.replay.work.WorkModel` says it has done its work, a service at the end of its
 lifetime). Where a pod runs is what the scheduler bound it to.
 """
 
@@ -16,10 +16,10 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuwarden.lab.report import PodRecord, RowOutcome
-from gpuwarden.lab.trace import TraceRow
-from gpuwarden.lab.work import WorkModel
-from gpuwarden.lab.workloads import dns_label
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.lab.inputs.workloads import dns_label
+from gpuwarden.lab.replay.records import PodRecord, RowOutcome
+from gpuwarden.lab.replay.work import WorkModel
 
 #: Simulated seconds before a controller recreates a preempted pod: the Job controller's first
 #: backoff (10 s) for batch kinds; a ReplicaSet or StatefulSet replaces a server at once.

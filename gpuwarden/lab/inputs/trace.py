@@ -42,7 +42,7 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.lab.workloads import WORKLOAD_KINDS
+from gpuwarden.lab.inputs.workloads import WORKLOAD_KINDS, workload_pod
 from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
 
 FIELDS = (
@@ -329,3 +329,20 @@ def trace_csv(rows: Iterable[TraceRow]) -> str:
             ]
         )
     return out.getvalue()
+
+
+#: Every replayed pod carries its trace row here (the replay's watch selects on it).
+ROW_LABEL = "lab.gpuwarden.io/trace-row"
+
+
+def row_pod(row: TraceRow, name: str) -> dict[str, Any]:
+    """The pod a trace row becomes, as its Kubeflow controller would create it."""
+    return workload_pod(
+        row.kind,
+        name=name,
+        namespace=row.namespace,
+        workload=row.name,
+        gpus=row.devices,
+        labels={**row.labels, ROW_LABEL: str(row.row)},
+        products=row.gpu_products,
+    )

@@ -10,11 +10,11 @@ import sys
 import threading
 from pathlib import Path
 
-from gpuwarden.lab.plot import wait_minutes
-from gpuwarden.lab.report import StrategyReport, table
-from gpuwarden.lab.strategies import builtin_strategies
+from gpuwarden.lab.planning.strategies import builtin_strategies
+from gpuwarden.lab.reporting.plot import wait_minutes
+from gpuwarden.lab.reporting.report import StrategyReport, table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _ignore_sigint() -> None:

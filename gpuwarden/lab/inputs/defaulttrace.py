@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 
-from gpuwarden.lab.trace import DEFAULT_BUSY, TraceRow
+from gpuwarden.lab.inputs.trace import DEFAULT_BUSY, TraceRow
 
 HOUR = 3600.0
 DAY = 24 * HOUR

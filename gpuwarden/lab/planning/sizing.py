@@ -1,46 +1,35 @@
 """How many MPS nodes a strategy's shared pods need: a platform team sizes its MPS pool to the
-shared demand it expects instead of carving out a fixed share of the cluster (pure: the policy
-core decides each trace row's pod offline, no cluster involved)."""
+shared demand it expects instead of carving out a fixed share of the cluster (pure: from each
+trace row's pod as the policy core decided it offline, no cluster involved)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
-from gpuwarden.lab.replay import namespace_view_labels, pod_devices, row_pod
-from gpuwarden.lab.strategies import Strategy
-from gpuwarden.lab.trace import TraceRow
-from gpuwarden.policy import AdmissionRequest, ClusterView, admit
+from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.policy import Admission
 
 
 def _shared_rows(
-    strategy: Strategy, rows: Sequence[TraceRow], namespaces: Mapping[str, Mapping[str, str]]
+    rows: Sequence[TraceRow], decisions: Mapping[int, Admission]
 ) -> Iterator[tuple[TraceRow, int]]:
     """Each row whose pod the strategy admits with MPS slices, and how many."""
-    if strategy.policies is None:
-        return
-    view = ClusterView(namespace_labels=namespace_view_labels(namespaces))
     for row in rows:
-        pod = row_pod(row, f"sizing-{row.row}")
-        result = admit(
-            AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod),
-            strategy.policies,
-            view,
-        )
-        if not result.allowed:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
             continue
-        _, slices = pod_devices(result.pod)
+        _, slices = pod_devices(decision.pod)
         if slices:
             yield row, slices
 
 
-def shared_demand(
-    strategy: Strategy, rows: Sequence[TraceRow], namespaces: Mapping[str, Mapping[str, str]]
-) -> int:
+def shared_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -> int:
     """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
     for its duration (0 when it shares nothing)."""
     events: list[tuple[float, int]] = []
-    for row, slices in _shared_rows(strategy, rows, namespaces):
+    for row, slices in _shared_rows(rows, decisions):
         events += [(row.at, slices), (row.at + row.duration, -slices)]
     peak = current = 0
     for _, change in sorted(events):  # an end before a start at the same moment
@@ -50,15 +39,12 @@ def shared_demand(
 
 
 def shared_slice_hours(
-    strategy: Strategy,
-    rows: Sequence[TraceRow],
-    namespaces: Mapping[str, Mapping[str, str]],
-    horizon: float,
+    rows: Sequence[TraceRow], decisions: Mapping[int, Admission], horizon: float
 ) -> dict[str, float]:
     """MPS slice-hours each namespace's pods ask for under the strategy, of the rows that
     arrive within the horizon (what its share of the MPS nodes is sized to)."""
     out: dict[str, float] = {}
-    for row, slices in _shared_rows(strategy, rows, namespaces):
+    for row, slices in _shared_rows(rows, decisions):
         if row.at < horizon:
             out[row.namespace] = out.get(row.namespace, 0.0) + slices * row.duration / 3600
     return out

@@ -3,8 +3,8 @@
 kube-scheduler runs with its default plugins (NodeResourcesFit, TaintToleration, NodeAffinity,
 DefaultPreemption, ...): it binds pods, preempts for them and writes why a pod stays Pending,
 exactly as in a cluster. KWOK stands in for the kubelets: it keeps the GPU nodes Ready and moves
-bound pods through Running to Succeeded (see :mod:`gpuwarden.lab.stages`). The lab itself never
-chooses a node.
+bound pods through Running to Succeeded (see :mod:`gpuwarden.lab.cluster.stages`). The lab
+itself never chooses a node.
 """
 
 from __future__ import annotations
@@ -22,9 +22,15 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.controlplane import ControlPlane, Process, Tools, ToolsMissingError, free_ports
-from gpuwarden.lab.nodes import POOL_LABEL, GpuNodePool
-from gpuwarden.lab.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE, lab_stages
+from gpuwarden.lab.cluster.controlplane import (
+    ControlPlane,
+    Process,
+    Tools,
+    ToolsMissingError,
+    free_ports,
+)
+from gpuwarden.lab.cluster.nodes import POOL_LABEL, GpuNodePool
+from gpuwarden.lab.cluster.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE, lab_stages
 from gpuwarden.policy.render.packing import binpack_profile
 
 SCHEDULER_CONFIG_API = "kubescheduler.config.k8s.io/v1"

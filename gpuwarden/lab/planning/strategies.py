@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
-from gpuwarden.lab.nodes import GpuNodePool
-from gpuwarden.lab.trace import TraceRow
+from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import PolicySet, load_texts
 from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL
 from gpuwarden.policy.pod.keys import API_VERSION, POLICY_KIND
@@ -73,7 +73,7 @@ class Layout:
     """The simulated cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs, or the given
     ``node_pools`` (a trace's node list); for a strategy that shares GPUs, ``mps_nodes`` of
     them share each GPU among ``mps_replicas`` pods (None: as many as the strategy's shared
-    demand needs, see :mod:`gpuwarden.lab.sizing`; resolved per strategy before a replay)."""
+    demand needs, see :mod:`gpuwarden.lab.planning.sizing`; resolved in each strategy's plan)."""
 
     nodes: int = 8
     gpus_per_node: int = 8

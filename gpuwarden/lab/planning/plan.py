@@ -1,0 +1,120 @@
+"""Each strategy's plan for its replay: every trace row's pod decided once by the policy core
+(offline, no cluster involved), and the layout with the MPS nodes the strategy needs, sized from
+those decisions.
+
+A row's decision is what the webhook answers when its pod is created, but for what only the replay
+knows: the mutating answer depends on the pod, its namespace's labels and the PriorityClasses,
+all fixed before the replay starts; the validating answer also on the GPU memory admitted to the
+tenant's live pods, so the replay validates each pod again, against them, when it creates it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpuwarden.lab.inputs.trace import TraceRow, row_pod
+from gpuwarden.lab.planning.sizing import mps_nodes_for, shared_demand
+from gpuwarden.lab.planning.strategies import Layout, Strategy
+from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
+from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL, priority_class
+from gpuwarden.policy.render.objects import render
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """What one strategy's replay is given, decided before it starts."""
+
+    strategy: Strategy
+    layout: Layout  # its MPS nodes resolved
+    notes: tuple[str, ...]  # on its MPS nodes
+    # The policy's PriorityClasses as `gpuwarden render` writes them, created in the lab.
+    priority_classes: tuple[Mapping[str, Any], ...]
+    view: ClusterView  # what the policy core knows of the lab before any pod exists
+    decisions: Mapping[int, Admission]  # by trace row; none without policies
+
+
+def namespace_view_labels(
+    namespaces: Mapping[str, Mapping[str, str]],
+) -> dict[str, dict[str, str]]:
+    """Each namespace's labels as the API server shows them (with its name label)."""
+    return {ns: {**dict(labels), NAMESPACE_NAME_LABEL: ns} for ns, labels in namespaces.items()}
+
+
+def lab_view(
+    namespaces: Mapping[str, Mapping[str, str]], classes: Sequence[Mapping[str, Any]]
+) -> ClusterView:
+    """The namespaces and PriorityClasses a lab has before its replay starts."""
+    infos = {
+        str(m["metadata"]["name"]): info for m in classes if (info := priority_class(m)) is not None
+    }
+    return ClusterView(namespace_labels=namespace_view_labels(namespaces), priority_classes=infos)
+
+
+def decide_rows(
+    policies: PolicySet, rows: Sequence[TraceRow], view: ClusterView
+) -> dict[int, Admission]:
+    """Each row's pod as the policy core decides it at its creation, by row."""
+    return {
+        row.row: admit(
+            AdmissionRequest(
+                operation="CREATE", namespace=row.namespace, pod=row_pod(row, f"row-{row.row}")
+            ),
+            policies,
+            view,
+        )
+        for row in rows
+    }
+
+
+def attempt_pod(decided: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """A row's decided pod as one attempt of it is named (a decision never reads the name)."""
+    return {**decided, "metadata": {**decided["metadata"], "name": name}}
+
+
+def resolve_layout(
+    layout: Layout,
+    strategy: Strategy,
+    rows: Sequence[TraceRow],
+    decisions: Mapping[int, Admission],
+) -> tuple[Layout, list[str]]:
+    """``layout`` with the strategy's MPS nodes resolved (sized to its shared demand when the
+    layout leaves them open, or those its tenant queues were split for), and notes on them."""
+    if not strategy.shares:
+        return replace(layout, mps_nodes=0), []
+    if layout.mps_nodes is None and strategy.mps_nodes is not None:
+        layout = replace(layout, mps_nodes=strategy.mps_nodes)
+        return layout, [f"MPS nodes: {strategy.mps_nodes}, those its tenant queues were split for"]
+    if layout.mps_nodes is not None:
+        if layout.mps_nodes == 0:
+            return layout, [
+                "it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"
+            ]
+        return layout, []
+    slices = shared_demand(rows, decisions)
+    nodes = mps_nodes_for(slices, layout.mps_gpus_per_node, layout.mps_replicas)
+    note = (
+        f"MPS nodes sized to its shared demand: {nodes} (at most {slices} slices asked at once, "
+        f"{layout.mps_replicas} per GPU)"
+    )
+    return replace(layout, mps_nodes=nodes), [note]
+
+
+def plan_strategy(
+    strategy: Strategy,
+    layout: Layout,
+    rows: Sequence[TraceRow],
+    namespaces: Mapping[str, Mapping[str, str]],
+) -> StrategyPlan:
+    """The strategy's plan: its rows decided once, its layout resolved from those decisions."""
+    policies = strategy.policies
+    classes = (
+        ()
+        if policies is None
+        else tuple(o for o in render(policies).objects if o["kind"] == "PriorityClass")
+    )
+    view = lab_view(namespaces, classes)
+    decisions = {} if policies is None else decide_rows(policies, rows, view)
+    resolved, notes = resolve_layout(layout, strategy, rows, decisions)
+    return StrategyPlan(strategy, resolved, tuple(notes), classes, view, decisions)

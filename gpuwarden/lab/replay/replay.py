@@ -1,0 +1,410 @@
+"""Replay a trace on a lab of its own, once per strategy, and record what happened to each pod.
+
+Per strategy: a control plane, kube-scheduler, KWOK and the layout's nodes; the policy's
+PriorityClasses; then the :class:`~gpuwarden.lab.replay.ledger.Ledger` says when each row's pod is
+created (time divided by ``scale``). The pod is the one its
+:class:`~gpuwarden.lab.planning.plan.StrategyPlan` decided for the row, validated again by the
+policy core in this process against the GPU memory the tenant's live pods hold (together the
+decision the webhook would return, byte for byte), and it is created through the API server. An
+informer (:mod:`gpuwarden.kube.informer`) on the replayed pods reports to the ledger when the
+scheduler bound each pod and which pods it deleted to preempt them; when the work model says a
+pod's work is done, the replay marks it so and KWOK turns it Succeeded, which frees its GPUs for
+the scheduler.
+
+A strategy with tenant queues (:attr:`Strategy.kueue`) also runs Kueue on its lab
+(:mod:`gpuwarden.lab.cluster.kueue`) with the objects ``gpuwarden render --kueue`` writes for it:
+Kueue gates every pod until it admits it, and may preempt one to give a tenant its quota back
+(the pod is deleted with Kueue's reason on it; its controller recreates it as after any
+preemption). The replay deletes a deleted pod's Workload, the garbage collector's part (no
+kube-controller-manager runs in the lab).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Generic, TypeVar
+
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.kube.informer import Informer, Obj
+from gpuwarden.lab.cluster.controlplane import Tools
+from gpuwarden.lab.cluster.kueue import (
+    Kueue,
+    collect_workloads,
+    kept_out_pod,
+    preemption_reason,
+    running_kueue,
+)
+from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
+from gpuwarden.lab.cluster.stages import WORK_DONE
+from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
+from gpuwarden.lab.planning.plan import StrategyPlan, attempt_pod
+from gpuwarden.lab.planning.strategies import queue_objects
+from gpuwarden.lab.replay.admitted import AdmittedMemory
+from gpuwarden.lab.replay.ledger import Action, Complete, Create, Ledger, Withdraw
+from gpuwarden.lab.replay.records import PodRecord, RowOutcome
+from gpuwarden.lab.replay.work import NodeGpus, WorkModel
+from gpuwarden.policy import (
+    AdmissionRequest,
+    ClusterView,
+    admitted_gpu_memory,
+    validate,
+)
+from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
+from gpuwarden.policy.render.kueue import KUEUE_API
+
+_WATCH_SECONDS = 30
+_RETRY_SECONDS = 0.2  # after a broken watch: the lab's API server is on loopback
+_HTTP_NOT_FOUND = 404
+#: PodScheduled's reason for a pod behind a scheduling gate (Kueue's, until it admits the pod):
+#: waiting, not found unschedulable.
+_GATED = "SchedulingGated"
+
+
+class Stopped(Exception):
+    """The replay was asked to stop (Ctrl-C) before it finished."""
+
+
+@dataclass
+class Progress:
+    """How far one strategy's replay is (read by the progress bar)."""
+
+    started: bool = False  # its lab is up and the trace's clock runs
+    done: float = 0.0  # simulated seconds replayed
+
+
+def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
+    """The share of SMs MPS lets the pod's GPU container use (its active thread percentage)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == ENV_MPS_THREAD_PERCENTAGE:
+                try:
+                    return min(1.0, max(0.0, float(env.get("value", "")) / 100))
+                except ValueError:
+                    return None
+    return None
+
+
+def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:
+    """(physical GPUs, bytes of GPU memory) the pod's containers take while bound."""
+    whole, slices = pod_devices(pod)
+    gpus = whole + slices / replicas
+    return gpus, gpus * gpu_memory
+
+
+@dataclass(frozen=True)
+class PodState:
+    """What the replay reads of a replayed pod, as the API server last showed it."""
+
+    name: str
+    namespace: str
+    uid: str
+    node: str | None
+    unschedulable: bool  # the scheduler found no node for it (not merely gated)
+    evicted_by: str | None  # Kueue's preemption reason on it
+
+
+def pod_state(pod: Obj) -> PodState:
+    meta = pod.get("metadata") or {}
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return PodState(
+        name=str(meta.get("name", "")),
+        namespace=str(meta.get("namespace", "")),
+        uid=str(meta.get("uid", "")),
+        node=(pod.get("spec") or {}).get("nodeName") or None,
+        unschedulable=any(
+            c.get("type") == "PodScheduled"
+            and c.get("status") == "False"
+            and c.get("reason") != _GATED
+            for c in conditions
+        ),
+        evicted_by=preemption_reason(conditions),
+    )
+
+
+T = TypeVar("T")
+
+
+class Observed(Generic[T]):
+    """An informer's sink that hands each change to ``observe``: every state an object takes,
+    and its last one when it is deleted (``deleted`` True), gone during a relist included."""
+
+    def __init__(self, observe: Callable[[T, bool], None]) -> None:
+        self._last: dict[str, T] = {}
+        self._observe = observe
+
+    def replace(self, items: Mapping[str, T]) -> None:
+        gone = [item for key, item in self._last.items() if key not in items]
+        self._last = dict(items)
+        for item in items.values():
+            self._observe(item, False)
+        for item in gone:
+            self._observe(item, True)
+
+    def upsert(self, key: str, item: T) -> None:
+        if self._last.get(key) == item:
+            return
+        self._last[key] = item
+        self._observe(item, False)
+
+    def delete(self, key: str) -> None:
+        item = self._last.pop(key, None)
+        if item is not None:
+            self._observe(item, True)
+
+
+class Replay:
+    """One strategy's replay (run() blocks until the horizon, or raises Stopped)."""
+
+    def __init__(
+        self,
+        plan: StrategyPlan,
+        rows: Sequence[TraceRow],
+        *,
+        tools: Tools,
+        namespaces: Mapping[str, Mapping[str, str]],
+        horizon: float,
+        scale: float,
+        stop: threading.Event,
+    ) -> None:
+        self.plan = plan
+        self.strategy = strategy = plan.strategy
+        self.rows = rows
+        self.tools = tools
+        self.layout = plan.layout
+        self.namespaces = namespaces
+        self.horizon = horizon
+        self.scale = scale
+        self.stop = stop
+        self.progress = Progress()
+        self.pools = self.layout.pools(strategy.shares)
+        self.model = WorkModel(
+            {
+                name: NodeGpus(pool.gpus_per_node, pool.mps_replicas)
+                for pool in self.pools
+                for name in pool.node_names
+            }
+        )
+        self.ledger = Ledger(rows, self.model, horizon)
+        self.outcomes: list[RowOutcome] = []
+        self._admitted = AdmittedMemory()
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._t0 = 0.0
+
+    @property
+    def records(self) -> Mapping[str, PodRecord]:
+        return self.ledger.records
+
+    def now(self) -> float:
+        """Simulated seconds since the replay started."""
+        return (time.monotonic() - self._t0) * self.scale
+
+    def run(self) -> list[PodRecord]:
+        plane = lab_control_plane(self.tools)
+        with plane:
+            lab = SchedulingLab(plane, self.tools)
+            lab.start()
+            try:
+                with contextlib.ExitStack() as queues:
+                    kueue = None
+                    if self.strategy.kueue:
+                        kueue = queues.enter_context(running_kueue(plane, self.tools))
+                    api = plane.api_client()
+                    try:
+                        self._prepare(lab, api, kueue)
+                        self._replay(api)
+                    finally:
+                        api.close()  # type: ignore[no-untyped-call]
+            finally:
+                lab.stop()
+        with self._lock:
+            return list(self.records.values())
+
+    # -- setup --------------------------------------------------------------------------------
+
+    def _prepare(self, lab: SchedulingLab, api: k8s_client.ApiClient, kueue: Kueue | None) -> None:
+        scheduling: Any = k8s_client.SchedulingV1Api(api)
+        for manifest in self.plan.priority_classes:
+            scheduling.create_priority_class(manifest)
+        for namespace, labels in self.namespaces.items():
+            ensure_namespaces(api, [namespace], labels)
+        if kueue is not None:
+            kueue.apply_queues(api, queue_objects(self.strategy))
+        lab.add_pools(api, self.pools)
+
+    def _cluster_view(self) -> ClusterView:
+        """The plan's view with the GPU memory admitted to the pods alive now."""
+        with self._lock:
+            memory = self._admitted.totals()
+        return replace(self.plan.view, namespace_gpu_memory=memory)
+
+    # -- the replay ---------------------------------------------------------------------------
+
+    def _replay(self, api: k8s_client.ApiClient) -> None:
+        self._t0 = time.monotonic()
+        self.progress.started = True
+        informers = self._informers(api)
+        for informer in informers:
+            informer.start()
+        core: Any = k8s_client.CoreV1Api(api)
+        try:
+            while True:
+                with self._lock:
+                    now = min(self.now(), self.horizon)
+                    actions = self.ledger.due(now)
+                    if not actions and now >= self.horizon:
+                        self.outcomes = self.ledger.finish()
+                        break
+                    for action in actions:
+                        if not isinstance(action, Create):  # the ledger ended the pod
+                            self._admitted.end(action.name)
+                for action in actions:
+                    self._act(core, action)
+                if not actions:
+                    self._wait()
+        finally:
+            for informer in informers:
+                informer.stop(timeout=0)  # its stream ends with the lab
+        self.progress.done = self.horizon
+
+    def _wait(self) -> None:
+        """Until the ledger's next due time, or a change the watch reports (a bind, a
+        preemption), in short steps so Ctrl-C stops the replay promptly."""
+        with self._lock:
+            now = self.now()
+            self.progress.done = min(now, self.horizon)
+            ahead = (self.ledger.next_time() - now) / self.scale
+            if ahead > 0:
+                self._changed.wait(min(ahead, 0.25))
+        if self.stop.is_set():
+            raise Stopped
+
+    def _act(self, core: Any, action: Action) -> None:
+        if isinstance(action, Create):
+            self._submit(core, action)
+            return
+        try:
+            if isinstance(action, Complete):
+                # KWOK's lab-pod-work-done stage turns it Succeeded, as its kubelet would.
+                patch = {"metadata": {"annotations": {WORK_DONE: f"{self.now():.0f}"}}}
+                core.patch_namespaced_pod(action.name, action.namespace, patch)
+            elif isinstance(action, Withdraw):
+                core.delete_namespaced_pod(action.name, action.namespace)
+        except ApiException as exc:
+            if exc.status != _HTTP_NOT_FOUND:  # preempted meanwhile: nothing left to end
+                raise
+
+    def _submit(self, core: Any, action: Create) -> None:
+        row = action.row
+        pod = row_pod(row, action.name)
+        record = PodRecord(
+            name=action.name,
+            namespace=row.namespace,
+            row=row.row,
+            kind=row.kind,
+            created=self.now(),
+            asked=row.gpus,
+            attempt=action.attempt,
+        )
+        tenant: str | None = None
+        policies = self.strategy.policies
+        if policies is not None:
+            # The mutating answer was decided in the plan; the validating one depends on the
+            # GPU memory admitted to the tenant's live pods, so it is asked now.
+            decided = self.plan.decisions[row.row]
+            pod = attempt_pod(decided.pod, action.name)
+            request = AdmissionRequest(operation="CREATE", namespace=row.namespace, pod=pod)
+            validation = validate(request, policies, self._cluster_view())
+            if not (decided.mutation.allowed and validation.allowed):
+                record.refused = validation.message or decided.mutation.message or "denied"
+                with self._lock:
+                    self.ledger.created(record)
+                return
+            found = policies.tenant_for(row.namespace, self.namespaces.get(row.namespace, {}))
+            tenant = found.name if found is not None else None
+        gpu_memory = float(self.layout.gpu_memory_mib * 2**20)
+        record.whole, record.slices = pod_devices(pod)
+        record.sm_share = mps_sm_share(pod) if record.slices else None
+        record.gpus, record.memory_allocated = pod_allocation(
+            pod, self.layout.mps_replicas, gpu_memory
+        )
+        # The trace's use is per GPU: n whole GPUs use n times it; a slice at most its share.
+        used = float(row.memory_used) * math.ceil(record.gpus)
+        record.memory_used = min(used, record.memory_allocated)
+        with self._lock:
+            # Known before it exists, so the watch can report its binding however soon.
+            if tenant is not None:
+                self._admitted.admit(record.name, record.namespace, admitted_gpu_memory(pod))
+            self.ledger.created(record)
+        try:
+            core.create_namespaced_pod(row.namespace, pod)
+        except ApiException as exc:
+            with self._lock:
+                self.ledger.refuse(action.name, f"API server: {exc.status} {exc.reason}")
+                if record.refused is not None:
+                    self._admitted.end(record.name)
+
+    # -- what the cluster did -----------------------------------------------------------------
+
+    def _informers(self, api: k8s_client.ApiClient) -> list[Informer[Any]]:
+        """The replayed pods (and with Kueue its Workloads), listed then watched."""
+        core: Any = k8s_client.CoreV1Api(api)
+        pods: Informer[PodState] = Informer(
+            "lab-pods",
+            functools.partial(core.list_pod_for_all_namespaces, label_selector=ROW_LABEL),
+            pod_state,
+            Observed(functools.partial(self._observe, api)),
+            watch_timeout=_WATCH_SECONDS,
+            backoff=_RETRY_SECONDS,
+            max_backoff=_RETRY_SECONDS,
+        )
+        if not self.strategy.kueue:
+            return [pods]
+        custom: Any = k8s_client.CustomObjectsApi(api)
+        group, version = KUEUE_API.split("/")
+        workloads: Informer[str] = Informer(
+            "lab-workloads",
+            functools.partial(custom.list_cluster_custom_object, group, version, "workloads"),
+            kept_out_pod,
+            Observed(self._kept_out),
+            watch_timeout=_WATCH_SECONDS,
+            backoff=_RETRY_SECONDS,
+            max_backoff=_RETRY_SECONDS,
+        )
+        return [pods, workloads]
+
+    def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
+        with self._lock:
+            now = min(self.now(), self.horizon)
+            if pod.name not in self.ledger.records:
+                return
+            if pod.unschedulable:
+                self.ledger.unschedulable(pod.name)
+            if pod.node:
+                self.ledger.bound(pod.name, now, pod.node)
+            if self.strategy.kueue:
+                self.ledger.evicted(pod.name, pod.evicted_by)
+            if deleted:
+                # Only the scheduler, or Kueue, deletes pods the ledger has not ended: a
+                # preemption.
+                self.ledger.gone(pod.name, now)
+                self._admitted.end(pod.name)
+            self._changed.notify_all()
+        if deleted and self.strategy.kueue:
+            collect_workloads(api, pod.namespace, pod.uid)
+
+    def _kept_out(self, name: str, deleted: bool) -> None:
+        """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in
+        at its first try, as one the scheduler called unschedulable."""
+        if not deleted:
+            with self._lock:
+                self.ledger.unschedulable(name)

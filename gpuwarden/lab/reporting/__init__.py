@@ -1,0 +1,1 @@
+"""What the replays measured: per-strategy figures, the comparison table and the plot."""
