@@ -18,7 +18,7 @@ from kubernetes import client as k8s_client
 from bench.apiserver_load import pids_with
 from bench.apiserver_pods import DEFAULT_POLICIES, ROOT, Obj, namespace_manifests
 from bench.apiserver_report import comparable
-from gpuwarden.certs.rotation import ServingNames, issue_directory
+from gpuwarden.certs.loopback import loopback_directory
 from gpuwarden.lab.cluster.controlplane import ControlPlane, free_ports
 from gpuwarden.lab.cluster.webhookstack import (
     chart_values_for,
@@ -126,7 +126,7 @@ def echo_webhooks(plane: ControlPlane, workdir: Path, probe_pod: Obj) -> Iterato
     allowed, no patch) behind the chart's own webhook configurations (same rules, selectors,
     timeouts), so the API server does all the calling a webhook costs it."""
     workdir.mkdir(parents=True, exist_ok=True)
-    certs = issue_directory(workdir / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+    certs = loopback_directory(workdir / "certs")
     (port,) = free_ports(1)
     process = plane.spawn(
         "echo-webhook",
