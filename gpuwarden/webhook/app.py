@@ -105,7 +105,7 @@ class BodyBudget:
 
 class RequestObserver:
     """Told how far a request on its connection has got. The listener's connection protocol
-    (server.py) is one: it times header reads, closes connections that wait on their client
+    (connections.py) is one: it times header reads, closes connections that wait on their client
     (never one whose request is being answered) to make room, and drains on SIGTERM. Requests
     for unknown paths never reach a handler and go untold."""
 
