@@ -378,14 +378,24 @@ def _pin(cpus: set[int] | None) -> Any:
 
 @contextlib.contextmanager
 def started(
-    argv: Sequence[str], port: int, ctx: ssl.SSLContext, cpus: set[int] | None, log: Path
+    argv: Sequence[str],
+    port: int,
+    ctx: ssl.SSLContext,
+    cpus: set[int] | None,
+    log: Path,
+    *,
+    tree: Path = ROOT,
+    up_within: float = 60,
 ) -> Iterator[subprocess.Popen[bytes]]:
+    """A server process, once its /healthz answers; SIGTERM on leaving. ``tree``: the source
+    tree it runs from (its working directory and, when not this one, its PYTHONPATH)."""
+    env = None if tree == ROOT else dict(os.environ, PYTHONPATH=str(tree))
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cpus), cwd=ROOT
+            argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=_pin(cpus), cwd=tree, env=env
         )
         try:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + up_within
             while True:
                 if proc.poll() is not None:
                     raise SystemExit(f"server exited: {log.read_text()[-2000:]}")

@@ -3,39 +3,35 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata
 import sys
 from collections.abc import Sequence
 from typing import Protocol
 
-# Subcommand name -> module in gpuwarden.commands; each module has register() and run().
-COMMANDS: dict[str, str] = {
-    "lint": "lint",
-    "apply": "apply",
-    "test": "test",
-    "explain": "explain",
-    "render": "render",
-    "serve": "serve",
-    "certs": "certs",
-    "node-agent": "node_agent",
-    "simulate": "simulate",
-    "review": "review",
-}
+from gpuwarden.commands import (
+    apply,
+    certs,
+    explain,
+    lint,
+    node_agent,
+    render,
+    review,
+    serve,
+    simulate,
+    test,
+)
+from gpuwarden.commands.shared import LOG_LEVELS, UsageError
 
-#: The --log-level choices of every command that has one.
-LOG_LEVELS = ("debug", "info", "warning", "error")
+__all__ = ["COMMANDS", "LOG_LEVELS", "Command", "UsageError", "build_parser", "main", "version"]
 
 EXIT_OK = 0
 EXIT_DENIED = 1
 EXIT_USAGE = 2
 
 
-class UsageError(Exception):
-    """A command was given what it cannot use: ``error: <message>`` and exit status 2."""
-
-
 class Command(Protocol):
+    """A subcommand's module (a DESCRIPTION, laid out by hand, is its --help text if it has one)."""
+
     HELP: str
 
     def register(self, parser: argparse.ArgumentParser) -> None: ...
@@ -43,14 +39,19 @@ class Command(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _load(module: str) -> Command | None:
-    try:
-        loaded: Command = importlib.import_module(f"gpuwarden.commands.{module}")
-    except ModuleNotFoundError as exc:
-        if exc.name == f"gpuwarden.commands.{module}":
-            return None
-        raise
-    return loaded
+# Subcommand name -> its module, in the order --help lists them.
+COMMANDS: dict[str, Command] = {
+    "lint": lint,
+    "apply": apply,
+    "test": test,
+    "explain": explain,
+    "render": render,
+    "serve": serve,
+    "certs": certs,
+    "node-agent": node_agent,
+    "simulate": simulate,
+    "review": review,
+}
 
 
 def version() -> str:
@@ -71,11 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"gpuwarden {version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name, module in COMMANDS.items():
-        command = _load(module)
-        if command is None:
-            continue
-        # A command's DESCRIPTION (laid out by hand, e.g. a file format) is its --help text.
+    for name, command in COMMANDS.items():
         description = getattr(command, "DESCRIPTION", None)
         command_parser = sub.add_parser(
             name,

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 import yaml
 
-from gpuwarden.cli import UsageError
+from gpuwarden.commands.shared import UsageError
 from gpuwarden.policy import (
     AdmissionRequest,
     ClusterView,

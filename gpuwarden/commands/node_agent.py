@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from gpuwarden.cli import LOG_LEVELS
+from gpuwarden.commands.shared import LOG_LEVELS
 from gpuwarden.kube.client import KubeConfigError, api_client
 from gpuwarden.kube.node_pods import NodeCluster
 from gpuwarden.node import mps

@@ -14,7 +14,9 @@ from gpuwarden.kube.client import KubeConfigError
 from gpuwarden.policy.admission.manifests import ManifestError
 from gpuwarden.webhook import logs
 from gpuwarden.webhook.app import DEFAULT_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_BODY, Settings
-from gpuwarden.webhook.server import ConnectionLimits, ServeConfig, ServeError, serve
+from gpuwarden.webhook.connections import ConnectionLimits
+from gpuwarden.webhook.server import ServeConfig, ServeError
+from gpuwarden.webhook.workers import serve
 
 HELP = "Serve the admission webhook (/mutate, /validate) over HTTPS, with probes and metrics."
 

@@ -105,7 +105,7 @@ class BodyBudget:
 
 class RequestObserver:
     """Told how far a request on its connection has got. The listener's connection protocol
-    (server.py) is one: it times header reads, closes connections that wait on their client
+    (connections.py) is one: it times header reads, closes connections that wait on their client
     (never one whose request is being answered) to make room, and drains on SIGTERM. Requests
     for unknown paths never reach a handler and go untold."""
 
@@ -286,13 +286,27 @@ class AdmissionHandler:
         return _text(status, f"{self.endpoint}: {message}")
 
     async def handle(self, request: web.Request) -> web.Response:
+        # One coroutine around _answer, not a chain of them: this is every admission's path.
+        started = time.perf_counter()
         ctx = self.ctx
         gauge = ctx.metrics.in_flight
         gauge.inc()
         ctx.in_flight += 1
         ctx.idle.clear()
         try:
-            response = await self._handle(request)
+            response = self._unreadable(request)
+            if response is None:
+                bodies = ctx.bodies
+                # A chunked body's size is known only once read: count the most it may be.
+                length = request.content_length
+                share = length if length is not None else ctx.settings.max_body
+                if not bodies.try_take(share):
+                    response = await self._wait_for_room(share, started)
+                if response is None:
+                    try:
+                        response = await self._answer(request, started)
+                    finally:
+                        bodies.give_back(share)
             if ctx.draining:
                 response.force_close()
             return response
@@ -302,8 +316,8 @@ class AdmissionHandler:
             if ctx.in_flight == 0:
                 ctx.idle.set()
 
-    async def _handle(self, request: web.Request) -> web.Response:
-        started = time.perf_counter()
+    def _unreadable(self, request: web.Request) -> web.Response | None:
+        """The refusal of a request whose body is not to be read at all, or None."""
         settings = self.ctx.settings
         if settings.require_client_certificate and not _client_certificate(request):
             return self._refuse(
@@ -314,24 +328,24 @@ class AdmissionHandler:
             return self._refuse(
                 413, f"request body of {length} bytes is over the limit of {settings.max_body}"
             )
+        return None
+
+    async def _wait_for_room(self, share: int, started: float) -> web.Response | None:
+        """Wait (within the deadline) for the share of --max-body-bytes-in-flight; None once
+        it is held, or the refusal."""
+        settings = self.ctx.settings
         bodies = self.ctx.bodies
-        # A chunked body's size is known only once read: count the most it may be.
-        share = length if length is not None else settings.max_body
-        if not bodies.try_take(share):
-            self.ctx.metrics.body_waits.inc()
-            try:
-                async with asyncio.timeout(settings.deadline - (time.perf_counter() - started)):
-                    await bodies.take(share)
-            except TimeoutError:
-                return self._refuse(
-                    503,
-                    f"request bodies in flight are at the limit of {bodies.limit} bytes "
-                    f"(--max-body-bytes-in-flight) and none finished within the deadline",
-                )
+        self.ctx.metrics.body_waits.inc()
         try:
-            return await self._answer(request, started)
-        finally:
-            bodies.give_back(share)
+            async with asyncio.timeout(settings.deadline - (time.perf_counter() - started)):
+                await bodies.take(share)
+        except TimeoutError:
+            return self._refuse(
+                503,
+                f"request bodies in flight are at the limit of {bodies.limit} bytes "
+                f"(--max-body-bytes-in-flight) and none finished within the deadline",
+            )
+        return None
 
     async def _answer(self, request: web.Request, started: float) -> web.Response:
         settings = self.ctx.settings
@@ -445,17 +459,10 @@ def _no_tracebacks(handler: Handler) -> Handler:
 
     async def guarded(request: web.Request) -> web.StreamResponse:
         observer = _observer(request)
-        if observer is None:
-            return await answer(request)
-        observer.request_started()
-        if not request.body_exists:  # a probe: nothing more to wait for
-            observer.request_received()
-        try:
-            return await answer(request)
-        finally:
-            observer.request_finished()
-
-    async def answer(request: web.Request) -> web.StreamResponse:
+        if observer is not None:
+            observer.request_started()
+            if not request.body_exists:  # a probe: nothing more to wait for
+                observer.request_received()
         try:
             return await handler(request)
         except web.HTTPException as exc:
@@ -465,6 +472,9 @@ def _no_tracebacks(handler: Handler) -> Handler:
         except Exception:
             log.exception("unhandled error", extra={"fields": {"path": request.path}})
             return _text(500, "internal error; see the webhook's log")
+        finally:
+            if observer is not None:
+                observer.request_finished()
 
     return guarded
 

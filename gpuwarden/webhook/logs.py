@@ -20,7 +20,11 @@ MAX_FIELD_CHARS = 256
 
 def bounded(fields: dict[str, Any]) -> dict[str, Any]:
     """The fields with every string longer than MAX_FIELD_CHARS cut, saying how long it was."""
-    if not any(isinstance(v, str) and len(v) > MAX_FIELD_CHARS for v in fields.values()):
+    # A loop, not any() over a generator: this runs for every admission line.
+    for value in fields.values():
+        if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+            break
+    else:
         return fields
     return {
         key: f"{value[:MAX_FIELD_CHARS]}...({len(value)} characters)"
@@ -108,9 +112,10 @@ class AdmissionLog:
             "level": "info",
             "logger": ADMISSION_LOGGER,
             "msg": "admission",
+            **bounded(fields),
         }
-        line.update(bounded(fields))
-        self._pending.append(json_line(line))
+        # Its keys are all strings: orjson need not be told to expect others.
+        self._pending.append(orjson.dumps(line, default=str).decode())
         if len(self._pending) > 1:
             return  # a flush is already scheduled
         try:

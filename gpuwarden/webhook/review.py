@@ -7,7 +7,7 @@ expects.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -189,7 +189,7 @@ def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, A
     response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
     if mutating and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(decision.patch_bytes()).decode()
+        response["patch"] = binascii.b2a_base64(decision.patch_bytes(), newline=False).decode()
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     if decision.audit_annotations:

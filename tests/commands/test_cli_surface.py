@@ -11,7 +11,7 @@ import pytest
 
 from gpuwarden.cli import LOG_LEVELS, build_parser, main, version
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
 EXAMPLES = ROOT / "examples"
 NAMESPACES = EXAMPLES / "namespaces.yaml"

@@ -12,7 +12,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 REFERENCE = DOCS / "reference.md"
 PAGES = sorted(DOCS.glob("*.md"))

@@ -20,7 +20,7 @@ from gpuwarden.kube.cluster import StaticCluster
 from gpuwarden.webhook.app import Settings
 from gpuwarden.webhook.server import ServeConfig, WebhookServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 POLICIES = ROOT / "policies"
 NAMESPACES = ROOT / "examples" / "namespaces.yaml"
 SAMPLE = ROOT / "examples" / "admissionreview-notebook.json"
