@@ -12,7 +12,13 @@ import pytest
 import yaml
 from kubernetes import client as k8s_client
 
-from gpuwarden.lab.cluster.webhookstack import POLICIES_DIR, WebhookStack, plane_webhook_stack
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    POLICIES_DIR,
+)
+from gpuwarden.lab.cluster.webhookstack import (
+    WebhookStack,
+    plane_webhook_stack,
+)
 
 from .controlplane import ControlPlane, Tools, build_tools
 from .webhook import AUDIT_POLICY, AuditLog

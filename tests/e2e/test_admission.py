@@ -20,9 +20,12 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    POLICIES_DIR,
+    wait_for,
+)
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
-    POLICIES_DIR,
     RELEASE_NAMESPACE,
     Obj,
     WebhookStack,
@@ -31,7 +34,6 @@ from gpuwarden.lab.cluster.webhookstack import (
     create_pod,
     gpu_probe_pod,
     pod_annotations,
-    wait_for,
     webhook_names,
 )
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, validate

@@ -16,6 +16,9 @@ import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     RELEASE_NAMESPACE,
@@ -28,7 +31,6 @@ from gpuwarden.lab.cluster.webhookstack import (
     gpu_probe_pod,
     pod_annotations,
     render_chart,
-    wait_for,
     wait_until_governed,
 )
 from gpuwarden.policy.render.scope import review_scope

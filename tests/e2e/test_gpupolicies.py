@@ -22,6 +22,9 @@ import pytest
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 from gpuwarden.lab.cluster.webhookstack import (
     CHART_DIR,
     KUBEFLOW_PROFILE_LABELS,
@@ -32,7 +35,6 @@ from gpuwarden.lab.cluster.webhookstack import (
     gpu_probe_pod,
     pod_annotations,
     render_chart,
-    wait_for,
     webhook_stack,
 )
 from gpuwarden.policy.pod import keys

@@ -24,6 +24,9 @@ import pytest
 from aiohttp import web
 
 from gpuwarden.certs.loopback import loopback_serving
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 from gpuwarden.lab.cluster.webhookstack import (
     Obj,
     WebhookStack,
@@ -31,7 +34,6 @@ from gpuwarden.lab.cluster.webhookstack import (
     delete_webhook_configurations,
     install_webhook_configurations,
     pod_annotations,
-    wait_for,
 )
 
 from .controlplane import free_ports

@@ -39,13 +39,15 @@ from gpuwarden.certs.rotation import (
     rotate_ca,
 )
 from gpuwarden.kube.webhooks import inject_ca_bundle
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    presented_certificate,
+    wait_for,
+)
 from gpuwarden.lab.cluster.webhookstack import (
     RELEASE_NAME,
     WebhookStack,
     create_pod,
     pod_annotations,
-    presented_certificate,
-    wait_for,
     wait_until_governed,
 )
 

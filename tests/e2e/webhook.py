@@ -26,12 +26,14 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.cluster.webhookstack import (
+from gpuwarden.lab.cluster.gpuwardenserver import (
     POLICIES_DIR,
-    Obj,
     WebhookStackError,
-    parse_warning,
     wait_for,
+)
+from gpuwarden.lab.cluster.webhookstack import (
+    Obj,
+    parse_warning,
 )
 from gpuwarden.policy.pod.quantity import parse_quantity
 

@@ -23,10 +23,15 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster.controlplane import ControlPlane, Tools
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 from gpuwarden.lab.cluster.kueue import Kueue, running_kueue
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.cluster.schedulinglab import SchedulingLab
-from gpuwarden.lab.cluster.webhookstack import create_pod, wait_for
+from gpuwarden.lab.cluster.webhookstack import (
+    create_pod,
+)
 from gpuwarden.lab.inputs.workloads import workload_pod
 from gpuwarden.policy import (
     AdmissionRequest,

@@ -17,9 +17,14 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.node_pods import NodeCluster
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 from gpuwarden.lab.cluster.nodes import GpuNodePool, Taint
 from gpuwarden.lab.cluster.schedulinglab import pod_scheduled_condition
-from gpuwarden.lab.cluster.webhookstack import create_pod, wait_for
+from gpuwarden.lab.cluster.webhookstack import (
+    create_pod,
+)
 from gpuwarden.lab.inputs.workloads import workload_pod
 from gpuwarden.node.pods import pod_info
 from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES

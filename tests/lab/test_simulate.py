@@ -12,7 +12,9 @@ from typing import Any
 import pytest
 
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT, Tools
-from gpuwarden.lab.cluster.webhookstack import wait_for
+from gpuwarden.lab.cluster.gpuwardenserver import (
+    wait_for,
+)
 
 from .conftest import LAB_POLICIES, simulate_json
 
