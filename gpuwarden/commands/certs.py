@@ -75,7 +75,14 @@ def _action(
 
 def register(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="certs_command", metavar="ACTION", required=True)
+    _issue_action(sub)
+    _inject_action(sub)
+    _rotate_action(sub)
+    _sync_action(sub)
 
+
+def _issue_action(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`certs issue`: a new CA and serving certificate for a Service."""
     issue = _action(sub, "issue", "a new CA and serving certificate for a Service")
     issue.add_argument(
         "--service", required=True, metavar="NAME", help="the webhook's Service name"
@@ -107,6 +114,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     issue.add_argument("--force", action="store_true", help="replace existing files")
 
+
+def _inject_action(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`certs inject`: the caBundle patched into both webhook configurations."""
     inject = _action(
         sub, "inject", "patch caBundle into the Mutating and Validating WebhookConfigurations"
     )
@@ -118,6 +128,9 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     inject.add_argument("--kubeconfig", type=Path, metavar="FILE", help=_KUBECONFIG_HELP)
 
+
+def _rotate_action(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`certs rotate`: renewal before expiry, or a safe roll to a new CA."""
     rotate = _action(
         sub,
         "rotate",
@@ -145,6 +158,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         help=f"{_KUBECONFIG_HELP}; used with --webhook-config",
     )
 
+
+def _sync_action(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """`certs sync`: the certificate Secret and caBundle kept in step in the cluster."""
     sync = _action(
         sub,
         "sync",

@@ -32,6 +32,14 @@ _PREFIX = "gpuwarden node-agent"
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    _node_options(parser)
+    _mps_options(parser)
+    _metrics_options(parser)
+    _host_options(parser)
+
+
+def _node_options(parser: argparse.ArgumentParser) -> None:
+    """Which node, which cluster, how often, and what a violation does."""
     parser.add_argument(
         "--node-name",
         default=None,
@@ -59,6 +67,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         default="event",
         help="beyond an Event and a metric: terminate the MPS client, or evict the pod",
     )
+
+
+def _mps_options(parser: argparse.ArgumentParser) -> None:
+    """Where the MPS control daemon and its pipes are, and how it is started."""
     parser.add_argument(
         "--mps-root",
         type=Path,
@@ -101,6 +113,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="manage: start the MPS control daemon when none answers; external: another "
         "component runs it (NVIDIA's device plugin in MPS mode)",
     )
+
+
+def _metrics_options(parser: argparse.ArgumentParser) -> None:
+    """The metrics endpoint, and the limits enforced beyond MPS."""
     parser.add_argument(
         "--metrics-port",
         type=int,
@@ -126,6 +142,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="QUANTITY",
         help="never let the MPS daemon default exceed this (e.g. 20Gi)",
     )
+
+
+def _host_options(parser: argparse.ArgumentParser) -> None:
+    """The host's /proc and cgroups, one-pass mode, logging."""
     parser.add_argument(
         "--proc-root",
         type=Path,

@@ -29,6 +29,15 @@ OTHER_FILES = 256
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    _listen_options(parser)
+    _tls_options(parser)
+    _cluster_options(parser)
+    _behaviour_options(parser)
+    _connection_options(parser)
+
+
+def _listen_options(parser: argparse.ArgumentParser) -> None:
+    """Where it serves and what it serves."""
     parser.add_argument(
         "--policies",
         "-p",
@@ -53,6 +62,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="plain-HTTP port for /metrics, /healthz and /readyz (default 9090; 0 picks one, -1 disables)",
         metavar="PORT",
     )
+
+
+def _tls_options(parser: argparse.ArgumentParser) -> None:
+    """The serving certificate."""
     tls = parser.add_argument_group("TLS")
     tls.add_argument(
         "--cert-dir",
@@ -90,6 +103,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="extra DNS name or IP for an issued certificate; repeatable",
     )
+
+
+def _cluster_options(parser: argparse.ArgumentParser) -> None:
+    """Where the cluster's namespaces, PriorityClasses and ConfigMaps come from."""
     cluster = parser.add_argument_group("cluster data")
     cluster.add_argument(
         "--namespaces",
@@ -117,6 +134,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="seconds before each watch is restarted from its resourceVersion (default 300)",
         metavar="SECONDS",
     )
+
+
+def _behaviour_options(parser: argparse.ArgumentParser) -> None:
+    """How it runs: workers, failure mode, deadline, body limits, reloads, shutdown, logging."""
     behaviour = parser.add_argument_group("behaviour")
     behaviour.add_argument(
         "--workers",
@@ -182,6 +203,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("debug", "info", "warning", "error"),
         help="log verbosity (default info)",
     )
+
+
+def _connection_options(parser: argparse.ArgumentParser) -> None:
+    """The limits that keep memory bounded however many connections arrive."""
     connections = parser.add_argument_group(
         "connections (each listener, each worker: memory stays bounded however many arrive)"
     )

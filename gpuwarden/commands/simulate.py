@@ -57,6 +57,14 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
 def register(parser: argparse.ArgumentParser) -> None:
+    _trace_options(parser)
+    _strategy_options(parser)
+    _lab_options(parser)
+    _output_options(parser)
+
+
+def _trace_options(parser: argparse.ArgumentParser) -> None:
+    """The trace to replay and how to read it."""
     parser.add_argument(
         "--trace",
         metavar="FILE|builtin:NAME",
@@ -92,6 +100,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, metavar="N", help="the --sample draw (default 0)"
     )
     parser.add_argument("--trace-format", choices=("yaml", "csv"), help="default: by extension")
+
+
+def _strategy_options(parser: argparse.ArgumentParser) -> None:
+    """The strategies to compare: the cluster's namespaces and the policy sets."""
     parser.add_argument(
         "--namespaces",
         action="append",
@@ -116,6 +128,10 @@ def register(parser: argparse.ArgumentParser) -> None:
         "the --policies ones; NAME+kueue: that strategy with a Kueue-queued tenant per namespace, "
         "its quota in proportion to what it asks for)",
     )
+
+
+def _lab_options(parser: argparse.ArgumentParser) -> None:
+    """The lab's clock and its GPU nodes."""
     parser.add_argument(
         "--real-time",
         type=float,
@@ -146,6 +162,10 @@ def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mps-replicas", type=int, default=4, metavar="N", help="MPS replicas per GPU (default 4)"
     )
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    """What is written: the table's format, the plot, the trace as replayed."""
     parser.add_argument(
         "-o",
         "--output",
