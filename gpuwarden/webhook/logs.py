@@ -7,6 +7,7 @@ import datetime
 import logging
 import sys
 import time
+from types import MappingProxyType
 from typing import Any, TextIO
 
 import orjson
@@ -74,6 +75,14 @@ def configure(level: str = "info", stream: TextIO | None = None) -> None:
     aiohttp_log.propagate = False
 
 
+# What every admission line starts with after its timestamp, as a dict and as its JSON.
+_ADMISSION_HEAD = MappingProxyType(
+    {"level": "info", "logger": ADMISSION_LOGGER, "msg": "admission"}
+)
+_ADMISSION_HEAD_KEYS = frozenset({"ts", *_ADMISSION_HEAD})
+_ADMISSION_HEAD_JSON = orjson.dumps(dict(_ADMISSION_HEAD)).decode()[1:-1]
+
+
 class AdmissionLog:
     """The one line per admission, on the hot path.
 
@@ -107,15 +116,16 @@ class AdmissionLog:
         if self._stream is None:
             self._logger.info("admission", extra={"fields": bounded(fields)})
             return
-        line = {
-            "ts": self._timestamp(),
-            "level": "info",
-            "logger": ADMISSION_LOGGER,
-            "msg": "admission",
-            **bounded(fields),
-        }
-        # Its keys are all strings: orjson need not be told to expect others.
-        self._pending.append(orjson.dumps(line, default=str).decode())
+        if not fields or not fields.keys().isdisjoint(_ADMISSION_HEAD_KEYS):
+            line = orjson.dumps(
+                {"ts": self._timestamp(), **_ADMISSION_HEAD, **bounded(fields)}, default=str
+            ).decode()
+        else:
+            # The line JSONFormatter would write, joined from its fixed head and the fields
+            # encoded alone (their opening brace dropped): no second dict, one encoding.
+            encoded = orjson.dumps(bounded(fields), default=str)
+            line = f'{{"ts":"{self._timestamp()}",{_ADMISSION_HEAD_JSON},{encoded[1:].decode()}'
+        self._pending.append(line)
         if len(self._pending) > 1:
             return  # a flush is already scheduled
         try:

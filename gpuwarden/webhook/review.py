@@ -11,6 +11,7 @@ import binascii
 import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, cast
 
 import orjson
@@ -179,9 +180,40 @@ def _reason(decision: Decision) -> str:
     return decision.reason if decision.reason in _STATUS_REASONS else "Forbidden"
 
 
+# The response's fixed parts, as orjson writes them: the body is joined from these and the
+# few values that vary, so the base64 patch (most of an answer) is neither decoded into a str
+# nor scanned again for characters to escape.
+_KIND_AND_UID = b',"kind":"AdmissionReview","response":{"uid":'
+_HEADS = MappingProxyType(
+    {version: b'{"apiVersion":"' + version.encode() + b'"' for version in API_VERSIONS}
+)
+_PATCH = b',"patchType":"JSONPatch","patch":"'
+
+
 def encode_bytes(review: Review, decision: Decision, *, mutating: bool) -> bytes:
-    """The response body: :func:`encode`'s AdmissionReview as compact JSON."""
-    return orjson.dumps(encode(review, decision, mutating=mutating))
+    """The response body: :func:`encode`'s AdmissionReview as compact JSON, byte for byte."""
+    allowed = decision.allowed
+    head = _HEADS.get(review.api_version) or b'{"apiVersion":' + orjson.dumps(review.api_version)
+    parts = [head, _KIND_AND_UID, orjson.dumps(review.uid)]
+    parts.append(b',"allowed":true' if allowed else b',"allowed":false')
+    if mutating and allowed and decision.patch:
+        parts += (_PATCH, binascii.b2a_base64(decision.patch_bytes(), newline=False), b'"')
+    if decision.warnings:
+        parts += (b',"warnings":', orjson.dumps(decision.warnings))
+    if decision.audit_annotations:
+        parts += (b',"auditAnnotations":', orjson.dumps(dict(decision.audit_annotations)))
+    if not allowed:
+        parts += (b',"status":', orjson.dumps(_status(decision)))
+    parts.append(b"}}")
+    return b"".join(parts)
+
+
+def _status(decision: Decision) -> dict[str, Any]:
+    return {
+        "code": decision.code if 400 <= decision.code < 600 else 403,
+        "message": decision.message or "denied by gpuwarden",
+        "reason": _reason(decision),
+    }
 
 
 def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, Any]:
@@ -195,9 +227,5 @@ def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, A
     if decision.audit_annotations:
         response["auditAnnotations"] = dict(decision.audit_annotations)
     if not decision.allowed:
-        response["status"] = {
-            "code": decision.code if 400 <= decision.code < 600 else 403,
-            "message": decision.message or "denied by gpuwarden",
-            "reason": _reason(decision),
-        }
+        response["status"] = _status(decision)
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
