@@ -22,7 +22,7 @@ from gpuwarden.webhook.decide import Endpoint, FailureMode, decide, failure_deci
 from gpuwarden.webhook.logs import AdmissionLog
 from gpuwarden.webhook.metrics import CONTENT_TYPE, Metrics
 from gpuwarden.webhook.policies import PolicyReloader
-from gpuwarden.webhook.review import Review, ReviewError, decode, encode_bytes
+from gpuwarden.webhook.review import PatchBase64, Review, ReviewError, decode, encode_bytes
 
 DEFAULT_MAX_BODY = 6 * 1024 * 1024
 # Request bodies held at once, from reading to answering (a decoded review takes several times
@@ -216,6 +216,7 @@ class AdmissionHandler:
         self.endpoint = endpoint
         self.pid = os.getpid()
         self._mutating = endpoint == "mutate"
+        self._base64 = PatchBase64()
         self._latency = context.metrics.latency.labels(endpoint)
         # None where the gauge reads the context's count itself when scraped.
         self._in_flight_gauge = context.metrics.in_flight_gauge(lambda: context.in_flight)
@@ -432,7 +433,8 @@ class AdmissionHandler:
         """The answer to a decided review, counted, timed and logged."""
         mutating = self._mutating
         response = web.Response(
-            body=encode_bytes(review, decision, mutating=mutating), content_type="application/json"
+            body=encode_bytes(review, decision, mutating=mutating, patch_base64=self._base64),
+            content_type="application/json",
         )
         elapsed = time.perf_counter() - started
         verdict = "error" if failed else decision.verdict

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 import reprlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, cast
@@ -190,14 +190,46 @@ _HEADS = MappingProxyType(
 _PATCH = b',"patchType":"JSONPatch","patch":"'
 
 
-def encode_bytes(review: Review, decision: Decision, *, mutating: bool) -> bytes:
+def base64(data: bytes) -> bytes:
+    """``data`` in base64, as the AdmissionReview's patch field carries it."""
+    return binascii.b2a_base64(data, newline=False)
+
+
+class PatchBase64:
+    """The base64 of the patches encoded last, by their bytes: the replicas of one workload get
+    the same patch, and encoding a typical 2 KiB patch costs more than the rest of the answer.
+    At most ``entries`` of them, each at most ``max_bytes`` long (larger ones are not kept)."""
+
+    def __init__(self, entries: int = 64, max_bytes: int = 16 * 1024) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self._encoded: dict[bytes, bytes] = {}
+
+    def __call__(self, patch: bytes) -> bytes:
+        encoded = self._encoded.get(patch)
+        if encoded is None:
+            encoded = base64(patch)
+            if len(patch) <= self.max_bytes:
+                if len(self._encoded) >= self.entries:
+                    del self._encoded[next(iter(self._encoded))]  # the oldest
+                self._encoded[patch] = encoded
+        return encoded
+
+
+def encode_bytes(
+    review: Review,
+    decision: Decision,
+    *,
+    mutating: bool,
+    patch_base64: Callable[[bytes], bytes] = base64,
+) -> bytes:
     """The response body: :func:`encode`'s AdmissionReview as compact JSON, byte for byte."""
     allowed = decision.allowed
     head = _HEADS.get(review.api_version) or b'{"apiVersion":' + orjson.dumps(review.api_version)
     parts = [head, _KIND_AND_UID, orjson.dumps(review.uid)]
     parts.append(b',"allowed":true' if allowed else b',"allowed":false')
     if mutating and allowed and decision.patch:
-        parts += (_PATCH, binascii.b2a_base64(decision.patch_bytes(), newline=False), b'"')
+        parts += (_PATCH, patch_base64(decision.patch_bytes()), b'"')
     if decision.warnings:
         parts += (b',"warnings":', orjson.dumps(decision.warnings))
     if decision.audit_annotations:
@@ -221,7 +253,7 @@ def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, A
     response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
     if mutating and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = binascii.b2a_base64(decision.patch_bytes(), newline=False).decode()
+        response["patch"] = base64(decision.patch_bytes()).decode()
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     if decision.audit_annotations:

@@ -3,6 +3,7 @@ encoding the whole dict with orjson gives."""
 
 from __future__ import annotations
 
+import base64
 import io
 import logging
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 
 from gpuwarden.policy import Decision
 from gpuwarden.webhook.logs import ADMISSION_LOGGER, AdmissionLog
-from gpuwarden.webhook.review import Review, encode, encode_bytes
+from gpuwarden.webhook.review import PatchBase64, Review, encode, encode_bytes
 
 
 def _review(api_version: str = "admission.k8s.io/v1", uid: str = "u-1") -> Review:
@@ -109,3 +110,17 @@ def test_admission_line_is_the_formatters_json(fields: dict[str, object]) -> Non
         },
     }
     assert stream.getvalue() == orjson.dumps(line, default=str).decode() + "\n"
+
+
+def test_patch_base64_is_remembered_within_its_bounds() -> None:
+    remembered = PatchBase64(entries=2, max_bytes=8)
+    patches = [b"[1]", b"[2]", b"[3]", b"[1]", b"[" + b"9" * 20 + b"]"]
+    for patch in patches:
+        assert remembered(patch) == base64.b64encode(patch)
+    assert len(remembered._encoded) == 2
+    assert set(remembered._encoded) == {b"[3]", b"[1]"}  # the oldest went; the long one stayed out
+    decision = Decision(patch=PATCH)
+    review = _review()
+    assert encode_bytes(review, decision, mutating=True, patch_base64=remembered) == orjson.dumps(
+        encode(review, decision, mutating=True)
+    )
