@@ -89,13 +89,23 @@ FIELDS = {
 
 
 @pytest.mark.parametrize(
-    "fields", [FIELDS, {}, {"msg": "own", **FIELDS}, {"when": ValueError("not JSON")}]
+    "fields",
+    [
+        FIELDS,
+        {**FIELDS, "pod": "p-0"},
+        {"pod": "x" * 256},
+        {"pod": "x" * 257},
+        {"pod": "ü" * 257, "n": 1},
+        {"a": "", "b": None, "pod": "y" * 257},
+        {},
+        {"msg": "own", **FIELDS},
+        {"when": ValueError("not JSON")},
+    ],
 )
 @pytest.mark.usefixtures("admission_info")
 def test_admission_line_is_the_formatters_json(fields: dict[str, object]) -> None:
     stream = io.StringIO()
-    admission_log = AdmissionLog(stream)
-    admission_log._timestamp = lambda: "2026-01-02T03:04:05.006+00:00"  # type: ignore[method-assign]
+    admission_log = AdmissionLog(stream, clock=lambda: 1767323045.0065)
     admission_log.write(dict(fields))
     line = {
         "ts": "2026-01-02T03:04:05.006+00:00",
