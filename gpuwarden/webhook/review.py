@@ -10,9 +10,8 @@ from __future__ import annotations
 import binascii
 import reprlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -47,9 +46,10 @@ class ReviewError(Exception):
     """A request that is not a usable AdmissionReview; answered 400 with this message."""
 
 
-@dataclass(frozen=True)
-class Review:
-    """The parts of an AdmissionReview request that gpuwarden reads."""
+class Review(NamedTuple):
+    """The parts of an AdmissionReview request that gpuwarden reads (a named tuple: made for
+    every review, and a frozen dataclass's eleven guarded assignments cost as much as the
+    checks that come before them)."""
 
     api_version: str
     uid: str
@@ -147,16 +147,34 @@ def decode(body: bytes) -> Review:
         raise ReviewError(
             f"request.operation must be one of {', '.join(OPERATIONS)}, got {short_repr(operation)}"
         )
-    group, kind_name = _group_kind(request.get("kind"), "request.kind", "kind")
-    resource_group, resource = _group_kind(request.get("resource"), "request.resource", "resource")
+    # The usual shapes are checked inline; anything else goes to the helpers that name what
+    # is wrong (in the same order).
+    kind_ref, resource_ref = request.get("kind"), request.get("resource")
+    if not (
+        type(kind_ref) is dict
+        and type(group := kind_ref.get("group", "")) is str
+        and type(kind_name := kind_ref.get("kind", "")) is str
+    ):
+        group, kind_name = _group_kind(kind_ref, "request.kind", "kind")
+    if not (
+        type(resource_ref) is dict
+        and type(resource_group := resource_ref.get("group", "")) is str
+        and type(resource := resource_ref.get("resource", "")) is str
+    ):
+        resource_group, resource = _group_kind(resource_ref, "request.resource", "resource")
     dry_run = request.get("dryRun", False)
     if dry_run is None:
         dry_run = False
     if not isinstance(dry_run, bool):
         raise ReviewError(f"request.dryRun must be a boolean, not {short_repr(dry_run)}")
-    obj = _object(request.get("object"), "request.object")
-    old = _object(request.get("oldObject"), "request.oldObject")
-    namespace = _string(request.get("namespace"), "request.namespace")
+    obj, old = request.get("object"), request.get("oldObject")
+    if type(obj) is not dict:
+        obj = _object(obj, "request.object")
+    if old is not None and type(old) is not dict:
+        old = _object(old, "request.oldObject")
+    namespace = request.get("namespace")
+    if type(namespace) is not str:
+        namespace = _string(namespace, "request.namespace")
     if not namespace and obj is not None:
         meta = obj.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
@@ -169,7 +187,9 @@ def decode(body: bytes) -> Review:
         kind=kind_name,
         group=group or resource_group,
         resource=resource,
-        sub_resource=_string(request.get("subResource"), "request.subResource"),
+        sub_resource=sub_resource
+        if type(sub_resource := request.get("subResource")) is str
+        else _string(sub_resource, "request.subResource"),
         obj=obj,
         old_obj=old,
         dry_run=dry_run,
