@@ -22,7 +22,7 @@ from gpuwarden.webhook.decide import Endpoint, FailureMode, decide, failure_deci
 from gpuwarden.webhook.logs import AdmissionLog
 from gpuwarden.webhook.metrics import CONTENT_TYPE, Metrics
 from gpuwarden.webhook.policies import PolicyReloader
-from gpuwarden.webhook.review import Review, ReviewError, decode, encode_bytes
+from gpuwarden.webhook.review import PatchBase64, Review, ReviewError, decode, encode_bytes
 
 DEFAULT_MAX_BODY = 6 * 1024 * 1024
 # Request bodies held at once, from reading to answering (a decoded review takes several times
@@ -215,7 +215,11 @@ class AdmissionHandler:
         self.ctx = context
         self.endpoint = endpoint
         self.pid = os.getpid()
+        self._mutating = endpoint == "mutate"
+        self._base64 = PatchBase64()
         self._latency = context.metrics.latency.labels(endpoint)
+        # None where the gauge reads the context's count itself when scraped.
+        self._in_flight_gauge = context.metrics.in_flight_gauge(lambda: context.in_flight)
         # The request counter's children by (decision, tenant, profile): a dict lookup per
         # request instead of prometheus-client's locked one. Bounded by the policy's names.
         self._counters: dict[tuple[str, str | None, str | None], Any] = {}
@@ -243,19 +247,21 @@ class AdmissionHandler:
             namespace_error=namespace_error,
         )
 
+    def _needs_namespace(self, review: Review) -> bool:
+        """Whether the request's namespace must be read live first (see _resolve_namespace)."""
+        if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
+            return False
+        return self.ctx.cluster.needs_lookup(review.namespace)
+
     async def _resolve_namespace(self, review: Review, started: float) -> str | None:
-        """Make sure the cluster view knows the request's namespace; None, or why it cannot.
+        """Read a namespace the cluster view lacks; None, or why it cannot.
 
         A namespace missing from the watch cache (created a moment ago, or the cache not
         synced) is read live once, off the event loop, by a request that needs it; requests
         for the same namespace meanwhile wait for that read.
         """
         ctx = self.ctx
-        if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
-            return None
         namespace = review.namespace
-        if not ctx.cluster.needs_lookup(namespace):
-            return None
         left = ctx.settings.deadline - (time.perf_counter() - started)
         timeout = max(min(ctx.settings.namespace_lookup_timeout, left / 2), 0.05)
         pending = ctx.namespace_lookups.get(namespace)
@@ -285,12 +291,18 @@ class AdmissionHandler:
         )
         return _text(status, f"{self.endpoint}: {message}")
 
-    async def handle(self, request: web.Request) -> web.Response:
-        # One coroutine around _answer, not a chain of them: this is every admission's path.
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        """The route's handler, guarded as _no_tracebacks guards the others, in one coroutine
+        around _answer rather than a chain of them: this is every admission's path."""
         started = time.perf_counter()
         ctx = self.ctx
-        gauge = ctx.metrics.in_flight
-        gauge.inc()
+        observer = _observer(request)
+        if observer is not None:
+            observer.request_started()
+            if not request.body_exists:
+                observer.request_received()
+        if self._in_flight_gauge is not None:
+            self._in_flight_gauge.inc()
         ctx.in_flight += 1
         ctx.idle.clear()
         try:
@@ -304,17 +316,25 @@ class AdmissionHandler:
                     response = await self._wait_for_room(share, started)
                 if response is None:
                     try:
-                        response = await self._answer(request, started)
+                        response = await self._answer(request, started, observer)
                     finally:
                         bodies.give_back(share)
             if ctx.draining:
                 response.force_close()
             return response
+        except web.HTTPException as exc:
+            _with_text(exc)
+            raise
+        except Exception:
+            return _internal_error(request)
         finally:
-            gauge.dec()
+            if self._in_flight_gauge is not None:
+                self._in_flight_gauge.dec()
             ctx.in_flight -= 1
             if ctx.in_flight == 0:
                 ctx.idle.set()
+            if observer is not None:
+                observer.request_finished()
 
     def _unreadable(self, request: web.Request) -> web.Response | None:
         """The refusal of a request whose body is not to be read at all, or None."""
@@ -347,11 +367,19 @@ class AdmissionHandler:
             )
         return None
 
-    async def _answer(self, request: web.Request, started: float) -> web.Response:
+    async def _answer(
+        self, request: web.Request, started: float, observer: RequestObserver | None
+    ) -> web.Response:
         settings = self.ctx.settings
+        content = request.content
         try:
-            if request.content.is_eof():
-                body = await request.read()  # all there: no timer to arm and cancel
+            if content.is_eof():
+                # All there: taken as it lies, without aiohttp's copy into a bytearray and out
+                # again, or a timer to arm and cancel. aiohttp's read() refuses a body over
+                # client_max_size (--max-body-bytes); so does this.
+                body = content.read_nowait()
+                if len(body) > settings.max_body:
+                    raise web.HTTPRequestEntityTooLarge(settings.max_body, len(body))
             else:
                 async with asyncio.timeout(settings.deadline):
                     body = await request.read()
@@ -363,13 +391,15 @@ class AdmissionHandler:
             return self._refuse(400, f"request body cannot be read: {exc}")
         except ConnectionResetError:  # nobody is left to read the answer
             return self._refuse(400, "the client closed the connection before sending the body")
-        if (observer := _observer(request)) is not None:
+        if observer is not None:
             observer.request_received()
         try:
             review = decode(body)
         except ReviewError as exc:
             return self._refuse(400, str(exc))
-        namespace_error = await self._resolve_namespace(review, started)
+        namespace_error = None
+        if self._needs_namespace(review):
+            namespace_error = await self._resolve_namespace(review, started)
         failed = False
         try:
             if len(body) <= INLINE_BODY:
@@ -395,14 +425,22 @@ class AdmissionHandler:
                 extra={"fields": {"uid": review.uid, "endpoint": self.endpoint}},
             )
             decision = failure_decision(settings.failure_mode, self.endpoint, review.uid)
-        mutating = self.endpoint == "mutate"
+        return self._reply(review, decision, failed, started)
+
+    def _reply(
+        self, review: Review, decision: Decision, failed: bool, started: float
+    ) -> web.Response:
+        """The answer to a decided review, counted, timed and logged."""
+        mutating = self._mutating
         response = web.Response(
-            body=encode_bytes(review, decision, mutating=mutating), content_type="application/json"
+            body=encode_bytes(review, decision, mutating=mutating, patch_base64=self._base64),
+            content_type="application/json",
         )
         elapsed = time.perf_counter() - started
         verdict = "error" if failed else decision.verdict
         self._count(verdict, decision)
         self._latency.observe(elapsed)
+        allowed = decision.allowed
         self.ctx.admission_log.write(
             {
                 "uid": review.uid,
@@ -416,9 +454,9 @@ class AdmissionHandler:
                 "rule": decision.rule,
                 "decision": verdict,
                 # Why a request was denied, as the user read it (logs.py bounds its length).
-                "reason": None if decision.allowed else decision.reason,
-                "message": None if decision.allowed else decision.message,
-                "patched": mutating and decision.allowed and bool(decision.patch),
+                "reason": None if allowed else decision.reason,
+                "message": None if allowed else decision.message,
+                "patched": mutating and allowed and bool(decision.patch),
                 "dry_run": review.dry_run,
                 "duration_ms": round(elapsed * 1000, 3),
                 "worker": self.pid,
@@ -452,6 +490,18 @@ def _probes(context: WebhookContext) -> list[web.RouteDef]:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def _with_text(exc: web.HTTPException) -> None:
+    """An aiohttp error answer given a body that says what it is, when it has none."""
+    if exc.status >= 400 and not exc.text:
+        exc.text = f"{exc.status} {exc.reason}"
+
+
+def _internal_error(request: web.Request) -> web.Response:
+    """The answer to a request whose handler failed unexpectedly (logged, with its traceback)."""
+    log.exception("unhandled error", extra={"fields": {"path": request.path}})
+    return _text(500, "internal error; see the webhook's log")
+
+
 def _no_tracebacks(handler: Handler) -> Handler:
     """Wrap a handler: nothing unexpected leaks a traceback, and the connection's observer (if
     it has one) hears when the request starts and ends. A wrapper, not a middleware, which would
@@ -466,12 +516,10 @@ def _no_tracebacks(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except web.HTTPException as exc:
-            if exc.status >= 400 and not exc.text:
-                exc.text = f"{exc.status} {exc.reason}"
+            _with_text(exc)
             raise
         except Exception:
-            log.exception("unhandled error", extra={"fields": {"path": request.path}})
-            return _text(500, "internal error; see the webhook's log")
+            return _internal_error(request)
         finally:
             if observer is not None:
                 observer.request_finished()
@@ -485,8 +533,8 @@ def admission_app(context: WebhookContext) -> web.Application:
     app = web.Application(client_max_size=context.settings.max_body)
     app.add_routes(
         [
-            web.post("/mutate", _no_tracebacks(AdmissionHandler(context, "mutate").handle)),
-            web.post("/validate", _no_tracebacks(AdmissionHandler(context, "validate").handle)),
+            web.post("/mutate", AdmissionHandler(context, "mutate").handle),
+            web.post("/validate", AdmissionHandler(context, "validate").handle),
             *_probes(context),
         ]
     )

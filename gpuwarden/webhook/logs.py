@@ -7,6 +7,8 @@ import datetime
 import logging
 import sys
 import time
+from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any, TextIO
 
 import orjson
@@ -74,6 +76,15 @@ def configure(level: str = "info", stream: TextIO | None = None) -> None:
     aiohttp_log.propagate = False
 
 
+# What every admission line starts with after its timestamp, as a dict and as its JSON.
+_ADMISSION_HEAD = MappingProxyType(
+    {"level": "info", "logger": ADMISSION_LOGGER, "msg": "admission"}
+)
+_ADMISSION_HEAD_KEYS = frozenset({"ts", *_ADMISSION_HEAD})
+# What follows the milliseconds in a line, up to its fields.
+_ADMISSION_MIDDLE = '+00:00",' + orjson.dumps(dict(_ADMISSION_HEAD)).decode()[1:-1] + ","
+
+
 class AdmissionLog:
     """The one line per admission, on the hot path.
 
@@ -84,22 +95,28 @@ class AdmissionLog:
     go through the ``gpuwarden.admission`` logger (so test capture and other handlers see them).
     """
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, stream: TextIO | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
         self._logger = logging.getLogger(ADMISSION_LOGGER)
         self._stream = stream if stream is not None else _json_stream()
+        self._clock = clock
         self._pending: list[str] = []
         self._second = -1
         self._second_text = ""
+        # A line's text up to its milliseconds, for the current second.
+        self._line_start = ""
 
-    def _timestamp(self) -> str:
-        """The time as JSONFormatter writes it (ISO 8601, milliseconds, UTC), formatting the
-        date once a second."""
-        now = time.time()
+    def _now(self) -> tuple[str, int]:
+        """The time as JSONFormatter writes it (ISO 8601, UTC) up to the second, formatted once
+        a second, and the milliseconds."""
+        now = self._clock()
         second = int(now)
         if second != self._second:
             self._second = second
             self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-        return f"{self._second_text}.{int((now - second) * 1000):03d}+00:00"
+            self._line_start = f'{{"ts":"{self._second_text}.'
+        return self._second_text, int((now - second) * 1000)
 
     def write(self, fields: dict[str, Any]) -> None:
         if not self._logger.isEnabledFor(logging.INFO):
@@ -107,15 +124,22 @@ class AdmissionLog:
         if self._stream is None:
             self._logger.info("admission", extra={"fields": bounded(fields)})
             return
-        line = {
-            "ts": self._timestamp(),
-            "level": "info",
-            "logger": ADMISSION_LOGGER,
-            "msg": "admission",
-            **bounded(fields),
-        }
-        # Its keys are all strings: orjson need not be told to expect others.
-        self._pending.append(orjson.dumps(line, default=str).decode())
+        if not fields or not fields.keys().isdisjoint(_ADMISSION_HEAD_KEYS):
+            second, milliseconds = self._now()
+            ts = f"{second}.{milliseconds:03d}+00:00"
+            line = orjson.dumps({"ts": ts, **_ADMISSION_HEAD, **bounded(fields)}, default=str)
+            self._queue(line.decode())
+            return
+        # The line JSONFormatter would write, joined from its fixed head and the fields encoded
+        # alone (their opening brace dropped): no second dict, one encoding.
+        encoded = orjson.dumps(bounded(fields), default=str)
+        _, milliseconds = self._now()
+        self._queue(
+            f"{self._line_start}{milliseconds:03d}{_ADMISSION_MIDDLE}{encoded[1:].decode()}"
+        )
+
+    def _queue(self, line: str) -> None:
+        self._pending.append(line)
         if len(self._pending) > 1:
             return  # a flush is already scheduled
         try:

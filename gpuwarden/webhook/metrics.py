@@ -8,6 +8,7 @@ every worker's /metrics shows the sum over all of them.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from prometheus_client import (
@@ -17,6 +18,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     generate_latest,
+    values,
 )
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -162,6 +164,14 @@ class Metrics:
             registry=r,
             multiprocess_mode="max",
         )
+
+    def in_flight_gauge(self, count: Callable[[], int]) -> Gauge | None:
+        """The in-flight gauge to move as requests come and go, or None where it can read
+        ``count`` when scraped instead (one process: no file to write the value to)."""
+        if values.ValueClass is not values.MutexValue:
+            return self.in_flight
+        self.in_flight.set_function(count)
+        return None
 
     def exposition(self) -> bytes:
         """The text format, summed over every worker in multiprocess mode."""

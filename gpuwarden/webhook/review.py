@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import binascii
 import reprlib
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple, cast
 
 import orjson
 
@@ -46,9 +46,10 @@ class ReviewError(Exception):
     """A request that is not a usable AdmissionReview; answered 400 with this message."""
 
 
-@dataclass(frozen=True)
-class Review:
-    """The parts of an AdmissionReview request that gpuwarden reads."""
+class Review(NamedTuple):
+    """The parts of an AdmissionReview request that gpuwarden reads (a named tuple: made for
+    every review, and a frozen dataclass's eleven guarded assignments cost as much as the
+    checks that come before them)."""
 
     api_version: str
     uid: str
@@ -146,16 +147,34 @@ def decode(body: bytes) -> Review:
         raise ReviewError(
             f"request.operation must be one of {', '.join(OPERATIONS)}, got {short_repr(operation)}"
         )
-    group, kind_name = _group_kind(request.get("kind"), "request.kind", "kind")
-    resource_group, resource = _group_kind(request.get("resource"), "request.resource", "resource")
+    # The usual shapes are checked inline; anything else goes to the helpers that name what
+    # is wrong (in the same order).
+    kind_ref, resource_ref = request.get("kind"), request.get("resource")
+    if not (
+        type(kind_ref) is dict
+        and type(group := kind_ref.get("group", "")) is str
+        and type(kind_name := kind_ref.get("kind", "")) is str
+    ):
+        group, kind_name = _group_kind(kind_ref, "request.kind", "kind")
+    if not (
+        type(resource_ref) is dict
+        and type(resource_group := resource_ref.get("group", "")) is str
+        and type(resource := resource_ref.get("resource", "")) is str
+    ):
+        resource_group, resource = _group_kind(resource_ref, "request.resource", "resource")
     dry_run = request.get("dryRun", False)
     if dry_run is None:
         dry_run = False
     if not isinstance(dry_run, bool):
         raise ReviewError(f"request.dryRun must be a boolean, not {short_repr(dry_run)}")
-    obj = _object(request.get("object"), "request.object")
-    old = _object(request.get("oldObject"), "request.oldObject")
-    namespace = _string(request.get("namespace"), "request.namespace")
+    obj, old = request.get("object"), request.get("oldObject")
+    if type(obj) is not dict:
+        obj = _object(obj, "request.object")
+    if old is not None and type(old) is not dict:
+        old = _object(old, "request.oldObject")
+    namespace = request.get("namespace")
+    if type(namespace) is not str:
+        namespace = _string(namespace, "request.namespace")
     if not namespace and obj is not None:
         meta = obj.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("namespace"), str):
@@ -168,7 +187,9 @@ def decode(body: bytes) -> Review:
         kind=kind_name,
         group=group or resource_group,
         resource=resource,
-        sub_resource=_string(request.get("subResource"), "request.subResource"),
+        sub_resource=sub_resource
+        if type(sub_resource := request.get("subResource")) is str
+        else _string(sub_resource, "request.subResource"),
         obj=obj,
         old_obj=old,
         dry_run=dry_run,
@@ -179,9 +200,72 @@ def _reason(decision: Decision) -> str:
     return decision.reason if decision.reason in _STATUS_REASONS else "Forbidden"
 
 
-def encode_bytes(review: Review, decision: Decision, *, mutating: bool) -> bytes:
-    """The response body: :func:`encode`'s AdmissionReview as compact JSON."""
-    return orjson.dumps(encode(review, decision, mutating=mutating))
+# The response's fixed parts, as orjson writes them: the body is joined from these and the
+# few values that vary, so the base64 patch (most of an answer) is neither decoded into a str
+# nor scanned again for characters to escape.
+_KIND_AND_UID = b',"kind":"AdmissionReview","response":{"uid":'
+_HEADS = MappingProxyType(
+    {version: b'{"apiVersion":"' + version.encode() + b'"' for version in API_VERSIONS}
+)
+_PATCH = b',"patchType":"JSONPatch","patch":"'
+
+
+def base64(data: bytes) -> bytes:
+    """``data`` in base64, as the AdmissionReview's patch field carries it."""
+    return binascii.b2a_base64(data, newline=False)
+
+
+class PatchBase64:
+    """The base64 of the patches encoded last, by their bytes: the replicas of one workload get
+    the same patch, and encoding a typical 2 KiB patch costs more than the rest of the answer.
+    At most ``entries`` of them, each at most ``max_bytes`` long (larger ones are not kept)."""
+
+    def __init__(self, entries: int = 64, max_bytes: int = 16 * 1024) -> None:
+        self.entries = entries
+        self.max_bytes = max_bytes
+        self._encoded: dict[bytes, bytes] = {}
+
+    def __call__(self, patch: bytes) -> bytes:
+        encoded = self._encoded.get(patch)
+        if encoded is None:
+            encoded = base64(patch)
+            if len(patch) <= self.max_bytes:
+                if len(self._encoded) >= self.entries:
+                    del self._encoded[next(iter(self._encoded))]  # the oldest
+                self._encoded[patch] = encoded
+        return encoded
+
+
+def encode_bytes(
+    review: Review,
+    decision: Decision,
+    *,
+    mutating: bool,
+    patch_base64: Callable[[bytes], bytes] = base64,
+) -> bytes:
+    """The response body: :func:`encode`'s AdmissionReview as compact JSON, byte for byte."""
+    allowed = decision.allowed
+    head = _HEADS.get(review.api_version) or b'{"apiVersion":' + orjson.dumps(review.api_version)
+    parts = [head, _KIND_AND_UID, orjson.dumps(review.uid)]
+    parts.append(b',"allowed":true' if allowed else b',"allowed":false')
+    if mutating and allowed and decision.patch:
+        parts += (_PATCH, patch_base64(decision.patch_bytes()), b'"')
+    if decision.warnings:
+        parts += (b',"warnings":', orjson.dumps(decision.warnings))
+    if decision.audit_annotations:
+        parts += (b',"auditAnnotations":', orjson.dumps(dict(decision.audit_annotations)))
+    if not allowed:
+        parts += (b',"status":', orjson.dumps(_status(decision)))
+    parts.append(b"}}")
+    return b"".join(parts)
+
+
+def _status(decision: Decision) -> dict[str, Any]:
+    return {
+        "code": decision.code if 400 <= decision.code < 600 else 403,
+        "message": decision.message or "denied by gpuwarden",
+        "reason": _reason(decision),
+    }
 
 
 def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, Any]:
@@ -189,15 +273,11 @@ def encode(review: Review, decision: Decision, *, mutating: bool) -> dict[str, A
     response: dict[str, Any] = {"uid": review.uid, "allowed": decision.allowed}
     if mutating and decision.allowed and decision.patch:
         response["patchType"] = "JSONPatch"
-        response["patch"] = binascii.b2a_base64(decision.patch_bytes(), newline=False).decode()
+        response["patch"] = base64(decision.patch_bytes()).decode()
     if decision.warnings:
         response["warnings"] = list(decision.warnings)
     if decision.audit_annotations:
         response["auditAnnotations"] = dict(decision.audit_annotations)
     if not decision.allowed:
-        response["status"] = {
-            "code": decision.code if 400 <= decision.code < 600 else 403,
-            "message": decision.message or "denied by gpuwarden",
-            "reason": _reason(decision),
-        }
+        response["status"] = _status(decision)
     return {"apiVersion": review.api_version, "kind": "AdmissionReview", "response": response}
