@@ -46,7 +46,9 @@ def _can_hold(node: Any, part: str | int) -> bool:
 
 
 def pointer(path: Sequence[str | int]) -> str:
-    return "".join(["/" + escape(str(part)) for part in path])
+    if not path:
+        return ""
+    return "/" + "/".join([escape(part) if type(part) is str else str(part) for part in path])
 
 
 class PatchBuilder:
@@ -143,18 +145,32 @@ class PatchBuilder:
     def merge(self, path: Sequence[str | int], values: Mapping[str, Any]) -> None:
         """Make the map at ``path`` hold these keys: one op for a whole absent map, else one per
         changed key. Keys not named are left alone: they are not ours."""
-        if not values:
-            return
+        self.update(path, values)
+
+    def discard(self, path: Sequence[str | int], keys: Iterable[str]) -> None:
+        """Remove these keys from the map at ``path``, where they are present."""
+        self.update(path, {}, keys)
+
+    def update(
+        self, path: Sequence[str | int], values: Mapping[str, Any], removed: Iterable[str] = ()
+    ) -> None:
+        """Remove the keys ``removed`` (none of them in ``values``) from the map at ``path`` where
+        present, then merge ``values`` into it: one walk down the path for both."""
         current = self.get(path)
         if not isinstance(current, dict):
-            self.set(path, dict(values))
+            if values:
+                self.set(path, dict(values))
             return
+        present = [key for key in removed if key in current]
         changed = [k for k, v in values.items() if k not in current or current[k] != v]
-        if not changed:
+        if not present and not changed:
             return
         base = self._writable(path)
         prefix = pointer(path) + "/"
         ops = self.ops
+        for key in present:
+            del base[key]
+            ops.append({"op": "remove", "path": prefix + escape(key)})
         for key in changed:
             value = values[key]
             op = "replace" if key in base else "add"
@@ -163,20 +179,6 @@ class PatchBuilder:
             else:
                 base[key], value = _clone(value), _clone(value)
             ops.append({"op": op, "path": prefix + escape(key), "value": value})
-
-    def discard(self, path: Sequence[str | int], keys: Iterable[str]) -> None:
-        """Remove these keys from the map at ``path``, where they are present."""
-        current = self.get(path)
-        if not isinstance(current, dict):
-            return
-        present = [key for key in keys if key in current]
-        if not present:
-            return
-        base = self._writable(path)
-        prefix = pointer(path) + "/"
-        for key in present:
-            del base[key]
-            self.ops.append({"op": "remove", "path": prefix + escape(key)})
 
     def remove(self, path: Sequence[str | int]) -> None:
         """Remove ``path`` if it exists."""

@@ -88,28 +88,40 @@ class PodView:
     annotations: Mapping[str, str]
     #: Every container, init containers first, then containers, then ephemeral containers.
     all_containers: tuple[ContainerRef, ...]
-    # Each container's GPU resources, read when first asked for.
-    _gpus: dict[int, ContainerGPUs] = field(default_factory=dict, repr=False)
+    #: spec.containers, the ones a profile can give GPUs to.
+    main_containers: tuple[ContainerRef, ...]
+    main_names: tuple[str, ...]
+    #: What gpuwarden recorded on the pod, as far as placement and the quota charge read it.
+    record: PodRecord
+    # Each container's GPU resources, by the identity of its body.
+    _gpus: Mapping[int, ContainerGPUs] = field(repr=False)
+    #: Whether any container asks for a GPU (as resources.requests_gpu reads it).
+    asks_for_gpu: bool
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
-        return cls(pod, spec_of(pod), labels_of(pod), annotations_of(pod), tuple(containers(pod)))
-
-    @cached_property
-    def record(self) -> PodRecord:
-        """What gpuwarden recorded on the pod, as far as placement and the quota charge read it."""
-        return PodRecord.from_annotations(self.annotations, (*DECISION_FIELDS, *CHARGE_FIELDS))
+        annotations = annotations_of(pod)
+        refs = tuple(containers(pod))
+        main = tuple(ref for ref in refs if ref.field == "containers")
+        gpus = {id(ref.body): _gpus_of(ref) for ref in refs}
+        return cls(
+            pod,
+            spec_of(pod),
+            labels_of(pod),
+            annotations,
+            refs,
+            main,
+            tuple(ref.name for ref in main),
+            PodRecord.from_annotations(annotations, (*DECISION_FIELDS, *CHARGE_FIELDS)),
+            gpus,
+            any(found.asks for found in gpus.values()),
+        )
 
     def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
         """The containers of these fields (all of them when none is named), in spec order."""
         if not fields:
             return self.all_containers
         return tuple(ref for ref in self.all_containers if ref.field in fields)
-
-    @cached_property
-    def main_containers(self) -> tuple[ContainerRef, ...]:
-        """spec.containers, the ones a profile can give GPUs to."""
-        return self.containers("containers")
 
     @cached_property
     def main_by_name(self) -> Mapping[str, ContainerRef]:
@@ -121,17 +133,10 @@ class PodView:
         """The first of spec.containers with this name (which must exist)."""
         return next(ref for ref in self.main_containers if ref.name == name)
 
-    @cached_property
-    def main_names(self) -> tuple[str, ...]:
-        return tuple(ref.name for ref in self.main_containers)
-
     def gpus(self, ref: ContainerRef) -> ContainerGPUs:
-        """The GPU resources of one of the view's containers, read once."""
-        key = id(ref.body)
-        found = self._gpus.get(key)
-        if found is None:
-            found = self._gpus[key] = _gpus_of(ref)
-        return found
+        """The GPU resources of one of the view's containers, read when the view was made."""
+        found = self._gpus.get(id(ref.body))
+        return found if found is not None else _gpus_of(ref)
 
     def asked_gpus(self, ref: ContainerRef) -> int | None:
         """``ref.asked_gpus()``, read once."""
@@ -139,11 +144,6 @@ class PodView:
         if isinstance(asked, QuantityError):
             raise asked
         return asked
-
-    @cached_property
-    def asks_for_gpu(self) -> bool:
-        """Whether any container asks for a GPU (as resources.requests_gpu reads it)."""
-        return any(self.gpus(ref).asks for ref in self.all_containers)
 
     @cached_property
     def largest_gpu_request(self) -> int | None:
