@@ -17,7 +17,7 @@ from gpuwarden.policy.admission.patch import PatchBuilder
 from gpuwarden.policy.admission.placement import ContainerGrant, Placement, place
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import same_quantity
-from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord, field_annotations
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
@@ -79,8 +79,8 @@ def desired_annotations(placement: Placement) -> dict[str, str]:
     assert placement.grant is not None
     # The grant's annotations were written from its record at load; this adds what the
     # placement decided (rule, containers), last, as the patch has always ordered them.
-    decided = PodRecord(rule=placement.origin, containers=placement.containers)
-    return {**placement.grant.annotations, **decided.to_annotations()}
+    decided = field_annotations({"rule": placement.origin, "containers": placement.containers})
+    return {**placement.grant.annotations, **decided}
 
 
 def plan(placement: Placement) -> BackendPlan | None:
@@ -90,14 +90,15 @@ def plan(placement: Placement) -> BackendPlan | None:
 
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     base = [*ref.path, "resources"]
-    resources = patch.get(base)
     # A value the container set that the profile replaces or removes is said in a warning (the
     # GPU count has its own line in the summary): the policy's word wins, never silently.
     replaced: dict[str, str] = {}
     for section, values in (("limits", grant.limits), ("requests", grant.requests)):
-        current = resources.get(section) if isinstance(resources, dict) else None
+        # The patch writes each container once, and this first: the pod's own section is the
+        # working copy's.
+        current = ref.resources(section)
         stale: list[str] = []
-        if isinstance(current, dict):
+        if current:
             stale = sorted(n for n in current if n not in values and is_gpu_resource(str(n)))
             for name in stale:
                 if name not in GPU_COUNT_RESOURCES:

@@ -10,7 +10,7 @@ modified), which keeps a decision cheap on large pods.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 JsonPatch = list[dict[str, Any]]
@@ -48,7 +48,12 @@ def _can_hold(node: Any, part: str | int) -> bool:
 def pointer(path: Sequence[str | int]) -> str:
     if not path:
         return ""
-    return "/" + "/".join([escape(part) if type(part) is str else str(part) for part in path])
+    tokens = [part if type(part) is str else str(part) for part in path]
+    joined = "/".join(tokens)
+    # Most paths hold nothing to escape: one look at the joined tokens says so.
+    if "~" in joined or joined.count("/") != len(tokens) - 1:
+        joined = "/".join([escape(token) for token in tokens])
+    return "/" + joined
 
 
 class PatchBuilder:
@@ -59,26 +64,23 @@ class PatchBuilder:
         self.ops: JsonPatch = []
         self._owned: set[int] = {id(self.document)}
 
-    def _own(self, parent: Any, key: str | int) -> Any:
-        """The child at ``key``, copied first unless this builder already made it."""
-        child = parent[key]
-        if id(child) in self._owned:
-            return child
-        if isinstance(child, dict):
-            child = dict(child)
-        elif isinstance(child, list):
-            child = list(child)
-        else:
-            return child
-        parent[key] = child
-        self._owned.add(id(child))
-        return child
-
     def _writable(self, path: Sequence[str | int]) -> Any:
-        """The container at ``path`` (which must exist), copied along the way for writing."""
+        """The container at ``path`` (which must exist), each map and list along the way copied
+        first unless this builder already made it."""
+        owned = self._owned
         node: Any = self.document
         for part in path:
-            node = self._own(node, part)
+            child = node[part]
+            if id(child) not in owned:
+                if isinstance(child, dict):
+                    child = dict(child)
+                elif isinstance(child, list):
+                    child = list(child)
+                else:
+                    return child
+                node[part] = child
+                owned.add(id(child))
+            node = child
         return node
 
     def get(self, path: Sequence[str | int]) -> Any:
@@ -147,21 +149,23 @@ class PatchBuilder:
         changed key. Keys not named are left alone: they are not ours."""
         self.update(path, values)
 
-    def discard(self, path: Sequence[str | int], keys: Iterable[str]) -> None:
+    def discard(self, path: Sequence[str | int], keys: Collection[str]) -> None:
         """Remove these keys from the map at ``path``, where they are present."""
         self.update(path, {}, keys)
 
     def update(
-        self, path: Sequence[str | int], values: Mapping[str, Any], removed: Iterable[str] = ()
+        self, path: Sequence[str | int], values: Mapping[str, Any], removed: Collection[str] = ()
     ) -> None:
         """Remove the keys ``removed`` (none of them in ``values``) from the map at ``path`` where
         present, then merge ``values`` into it: one walk down the path for both."""
+        if not values and not removed:
+            return
         current = self.get(path)
         if not isinstance(current, dict):
             if values:
                 self.set(path, dict(values))
             return
-        present = [key for key in removed if key in current]
+        present = [key for key in removed if key in current] if removed else removed
         changed = [k for k, v in values.items() if k not in current or current[k] != v]
         if not present and not changed:
             return

@@ -39,28 +39,22 @@ class ContainerGPUs(NamedTuple):
     devices: int
 
 
+def _count(value: Any) -> int | QuantityError:
+    """The count ``parse_count`` reads, or the error it raises."""
+    try:
+        return parse_count(value)
+    except QuantityError as exc:
+        return exc
+
+
 def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
-    counts: dict[str, int | QuantityError] = {}
-
-    def count(value: Any) -> int | QuantityError:
-        key = value if type(value) is str else None
-        if key is not None and key in counts:
-            return counts[key]
-        try:
-            result: int | QuantityError = parse_count(value)
-        except QuantityError as exc:
-            result = exc
-        if key is not None:
-            counts[key] = result
-        return result
-
     asks, asked, best = False, None, 0
     devices: dict[Any, int | QuantityError] = {}
     for section in ("limits", "requests"):
         for name, value in ref.resources(section).items():
             if not is_gpu_resource(str(name)):
                 continue
-            parsed = count(value)
+            parsed = _count(value)
             asks = asks or isinstance(parsed, QuantityError) or parsed != 0
             if name not in GPU_COUNT_RESOURCES:
                 continue
