@@ -89,17 +89,18 @@ def plan(placement: Placement) -> BackendPlan | None:
 
 
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
-    base = [*ref.path, "resources"]
     # A value the container set that the profile replaces or removes is said in a warning (the
     # GPU count has its own line in the summary): the policy's word wins, never silently.
     replaced: dict[str, str] = {}
+    changes: list[tuple[str, Mapping[str, str], list[str]]] = []
     for section, values in (("limits", grant.limits), ("requests", grant.requests)):
         # The patch writes each container once, and this first: the pod's own section is the
         # working copy's.
         current = ref.resources(section)
         stale: list[str] = []
         if current:
-            stale = sorted(n for n in current if n not in values and is_gpu_resource(str(n)))
+            stale = [n for n in current if n not in values and is_gpu_resource(str(n))]
+            stale.sort()
             for name in stale:
                 if name not in GPU_COUNT_RESOURCES:
                     replaced[name] = f"removed {name} {current[name]}"
@@ -111,7 +112,8 @@ def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: 
                     and not same_quantity(old, value)
                 ):
                     replaced[name] = f"{name} {old} -> {value}"
-        patch.update([*base, section], values, stale)
+        changes.append((section, values, stale))
+    patch.update_each([*ref.path, "resources"], changes)
     notes += [
         f"{ref.name}: {replaced[name]} (profile {grant.profile.name} sets it)"
         for name in sorted(replaced)

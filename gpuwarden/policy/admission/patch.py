@@ -165,12 +165,43 @@ class PatchBuilder:
             if values:
                 self.set(path, dict(values))
             return
+        self._update_map(path, None, current, values, removed)
+
+    def update_each(
+        self,
+        path: Sequence[str | int],
+        changes: Sequence[tuple[str, Mapping[str, Any], Collection[str]]],
+    ) -> None:
+        """``update([*path, name], values, removed)`` for each (name, values, removed) in order,
+        the names distinct: one walk to ``path`` and one pointer to it for all of them."""
+        parent = self.get(path)
+        prefix = pointer(path) + "/" if isinstance(parent, dict) else None
+        for name, values, removed in changes:
+            # The other names' changes leave this one's map as it was in ``parent``.
+            current = parent.get(name) if prefix is not None else None
+            if isinstance(current, dict) and (values or removed):
+                child_prefix = f"{prefix}{escape(name)}/"
+                self._update_map([*path, name], child_prefix, current, values, removed)
+            else:
+                self.update([*path, name], values, removed)
+
+    def _update_map(
+        self,
+        path: Sequence[str | int],
+        prefix: str | None,
+        current: dict[str, Any],
+        values: Mapping[str, Any],
+        removed: Collection[str],
+    ) -> None:
+        """update() of ``current``, the map at ``path`` (its pointer and a slash: ``prefix``,
+        where known)."""
         present = [key for key in removed if key in current] if removed else removed
         changed = [k for k, v in values.items() if k not in current or current[k] != v]
         if not present and not changed:
             return
         base = self._writable(path)
-        prefix = pointer(path) + "/"
+        if prefix is None:
+            prefix = pointer(path) + "/"
         ops = self.ops
         for key in present:
             del base[key]

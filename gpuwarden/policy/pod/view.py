@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, PodRecord
@@ -24,6 +24,9 @@ from gpuwarden.policy.pod.resources import (
     labels_of,
     spec_of,
 )
+
+# What placement and the quota charge read of the recorded decision.
+_RECORD_FIELDS: Final = (*DECISION_FIELDS, *CHARGE_FIELDS)
 
 
 class ContainerGPUs(NamedTuple):
@@ -106,7 +109,7 @@ class PodView:
             refs,
             main,
             tuple(ref.name for ref in main),
-            PodRecord.from_annotations(annotations, (*DECISION_FIELDS, *CHARGE_FIELDS)),
+            PodRecord.from_annotations(annotations, _RECORD_FIELDS),
             gpus,
             any(found.asks for found in gpus.values()),
         )
