@@ -50,7 +50,14 @@ def _count(value: Any) -> int | QuantityError:
         return exc
 
 
+# A container without resources (an init or sidecar container, often): no GPU.
+_NO_GPUS: Final = ContainerGPUs(False, None, 0)
+
+
 def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
+    resources = ref.body.get("resources")
+    if not resources or not isinstance(resources, dict):
+        return _NO_GPUS
     asks, asked, best = False, None, 0
     devices: dict[Any, int | QuantityError] = {}
     for section in ("limits", "requests"):
