@@ -18,9 +18,9 @@ JsonPatch = list[dict[str, Any]]
 
 def escape(token: str) -> str:
     """Escape one JSON Pointer reference token (RFC 6901): '~' -> '~0', '/' -> '~1'."""
-    if "~" not in token and "/" not in token:
-        return token
-    return token.replace("~", "~0").replace("/", "~1")
+    if "~" in token:
+        token = token.replace("~", "~0")
+    return token.replace("/", "~1") if "/" in token else token
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
