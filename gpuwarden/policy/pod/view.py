@@ -8,7 +8,7 @@ while the view is in use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Final, NamedTuple
@@ -82,6 +82,16 @@ def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
     )
 
 
+def _largest_request(found: Iterable[ContainerGPUs]) -> int | None:
+    best = 0
+    for gpus in found:
+        if isinstance(gpus.asked, QuantityError):
+            return None
+        if gpus.asked is not None and gpus.asked > best:
+            best = gpus.asked
+    return best
+
+
 @dataclass(frozen=True, eq=False)
 class PodView:
     """The read-only facts of one pod, read once."""
@@ -101,6 +111,9 @@ class PodView:
     _gpus: Mapping[int, ContainerGPUs] = field(repr=False)
     #: Whether any container asks for a GPU (as resources.requests_gpu reads it).
     asks_for_gpu: bool
+    #: The most GPUs any one container asks for: 0 when none names a count (only GPU memory or
+    #: cores, say), None when a count is not whole (the grant names that field).
+    largest_gpu_request: int | None
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
@@ -119,6 +132,7 @@ class PodView:
             PodRecord.from_annotations(annotations, _RECORD_FIELDS),
             gpus,
             any(found.asks for found in gpus.values()),
+            _largest_request(gpus.values()),
         )
 
     def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
@@ -148,13 +162,3 @@ class PodView:
         if isinstance(asked, QuantityError):
             raise asked
         return asked
-
-    @cached_property
-    def largest_gpu_request(self) -> int | None:
-        """The most GPUs any one container asks for: 0 when none names a count (only GPU memory
-        or cores, say), None when a count is not whole (the grant names that field)."""
-        try:
-            counts = [self.asked_gpus(ref) for ref in self.all_containers]
-        except QuantityError:
-            return None
-        return max((c for c in counts if c is not None), default=0)
