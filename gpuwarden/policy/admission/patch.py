@@ -195,8 +195,8 @@ class PatchBuilder:
     ) -> None:
         """update() of ``current``, the map at ``path`` (its pointer and a slash: ``prefix``,
         where known)."""
+        changed = [(k, v) for k, v in values.items() if k not in current or current[k] != v]
         present = [key for key in removed if key in current] if removed else removed
-        changed = [k for k, v in values.items() if k not in current or current[k] != v]
         if not present and not changed:
             return
         base = self._writable(path)
@@ -206,8 +206,7 @@ class PatchBuilder:
         for key in present:
             del base[key]
             ops.append({"op": "remove", "path": prefix + escape(key)})
-        for key in changed:
-            value = values[key]
+        for key, value in changed:
             op = "replace" if key in base else "add"
             if type(value) in _SCALARS:
                 base[key] = value
