@@ -16,12 +16,8 @@ from gpuwarden.policy.admission.decision import (
 from gpuwarden.policy.admission.patch import PatchBuilder
 from gpuwarden.policy.admission.placement import ContainerGrant, Placement, place
 from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.quantity import (
-    format_bytes,
-    format_mebibytes,
-    same_quantity,
-)
-from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
+from gpuwarden.policy.pod.quantity import same_quantity
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord, field_annotations
 from gpuwarden.policy.pod.resources import (
     GPU_COUNT_RESOURCES,
     ContainerRef,
@@ -83,8 +79,8 @@ def desired_annotations(placement: Placement) -> dict[str, str]:
     assert placement.grant is not None
     # The grant's annotations were written from its record at load; this adds what the
     # placement decided (rule, containers), last, as the patch has always ordered them.
-    decided = PodRecord(rule=placement.origin, containers=placement.containers)
-    return {**placement.grant.annotations, **decided.to_annotations()}
+    decided = field_annotations({"rule": placement.origin, "containers": placement.containers})
+    return {**placement.grant.annotations, **decided}
 
 
 def plan(placement: Placement) -> BackendPlan | None:
@@ -93,19 +89,21 @@ def plan(placement: Placement) -> BackendPlan | None:
 
 
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
-    base = [*ref.path, "resources"]
     # A value the container set that the profile replaces or removes is said in a warning (the
     # GPU count has its own line in the summary): the policy's word wins, never silently.
     replaced: dict[str, str] = {}
+    changes: list[tuple[str, Mapping[str, str], list[str]]] = []
     for section, values in (("limits", grant.limits), ("requests", grant.requests)):
-        path = [*base, section]
-        current = patch.get(path)
-        if isinstance(current, dict):
+        # The patch writes each container once, and this first: the pod's own section is the
+        # working copy's.
+        current = ref.resources(section)
+        stale: list[str] = []
+        if current:
             stale = [n for n in current if n not in values and is_gpu_resource(str(n))]
-            for name in sorted(stale):
+            stale.sort()
+            for name in stale:
                 if name not in GPU_COUNT_RESOURCES:
                     replaced[name] = f"removed {name} {current[name]}"
-                patch.remove([*path, name])
             for name, value in values.items():
                 old = current.get(name)
                 if (
@@ -114,7 +112,8 @@ def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: 
                     and not same_quantity(old, value)
                 ):
                     replaced[name] = f"{name} {old} -> {value}"
-        patch.merge(path, values)
+        changes.append((section, values, stale))
+    patch.update_each([*ref.path, "resources"], changes)
     notes += [
         f"{ref.name}: {replaced[name]} (profile {grant.profile.name} sets it)"
         for name in sorted(replaced)
@@ -309,42 +308,12 @@ def _set_placement(patch: PatchBuilder, grant: Grant, notes: list[str]) -> None:
             patch.append(["spec", "tolerations"], wanted)
 
 
-def _cap_detail(profile: ResolvedProfile) -> str:
-    """Who enforces the cap and what the overcommit ratio means, on the profile's backend."""
-    backend, reserved = profile.backend.type, profile.reserved_memory
-    if backend in ("volcano", "hami") and reserved is not None:
-        # The request is HAMi-core's cap; overcommit is the node's deviceMemoryScaling.
-        return f" on {backend}, requested and enforced by HAMi-core"
-    if backend == "nvidia":
-        # Scheduling reserves one replica per GPU, whatever the cap and overcommit ratio.
-        return " on nvidia, one replica reserved per GPU"
-    extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
-    return f"{extra} on {backend}"
-
-
-def _overcommit_line(name: str, profile: ResolvedProfile) -> list[str]:
-    reserved = profile.reserved_memory
-    if profile.backend.type not in ("volcano", "hami") or reserved is None:
-        return []
-    if profile.overcommit_ratio <= 1:
-        return []
-    ratio = f"{profile.overcommit_ratio:g}"
-    return [
-        f"gpuwarden: {name}: overcommit {ratio} holds {format_mebibytes(reserved)} per GPU "
-        f"only on nodes whose deviceMemoryScaling is {ratio}"
-    ]
-
-
-def _gpu_lines(granted: ContainerGrant, plan: BackendPlan, profile: ResolvedProfile) -> list[str]:
-    name, backend = granted.name, profile.backend.type
-    if plan.shared:
-        cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
-        line = f"{name}: {granted.gpus} shared GPU, {cap} GPU-memory cap{_cap_detail(profile)}"
-    else:
-        line = f"{name}: {granted.gpus} whole GPU(s) on {backend}"
-    lines = [f"gpuwarden: {line}"]
-    if plan.shared:
-        lines += _overcommit_line(name, profile)
+def _gpu_lines(granted: ContainerGrant, grant: Grant, profile: ResolvedProfile) -> list[str]:
+    """The summary lines of one target container; ``grant`` is the pod's (its plan, its cap)."""
+    name = granted.name
+    lines = [f"gpuwarden: {name}: {granted.gpus}{grant.gpus_text}"]
+    if grant.overcommit_text:
+        lines.append(f"gpuwarden: {name}: {grant.overcommit_text}")
     if granted.overridden:
         # The one change to what a user asked that must never pass unnoticed.
         lines.append(
@@ -354,18 +323,18 @@ def _gpu_lines(granted: ContainerGrant, plan: BackendPlan, profile: ResolvedProf
     return lines
 
 
-def _summary(placement: Placement, plan: BackendPlan | None, cluster: ClusterView) -> list[str]:
-    profile = placement.profile
-    assert profile is not None
+def _summary(placement: Placement, cluster: ClusterView) -> list[str]:
+    grant, profile = placement.grant, placement.profile
+    assert grant is not None and profile is not None
     who = f"tenant {placement.tenant.name}" if placement.tenant else "no tenant"
     lines = [f"gpuwarden: profile {profile.name} via {placement.origin} ({who})"]
-    if plan is None:
+    if grant.plan is None:
         asked = [f"{g.name} asked for {g.asked}" for g in placement.container_grants if g.asked]
         why = f" ({', '.join(asked)}; {profile.gpus_set_by} sets gpus: 0)" if asked else ""
         lines.append(f"gpuwarden: {','.join(placement.containers)}: no GPU for this profile{why}")
     else:
         for granted in placement.container_grants:
-            lines += _gpu_lines(granted, plan, profile)
+            lines += _gpu_lines(granted, grant, profile)
     priority, _ = _priority(profile, cluster)
     lines.append(
         f"gpuwarden: priorityClassName {profile.priority_class_name} (priority {priority})"
@@ -496,7 +465,7 @@ def mutation(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVie
     patch, notes = apply_placement(view, placement, cluster)
     if not patch.ops:
         return Mutation(context_of(placement), pod, unchanged)
-    lines = _summary(placement, plan(placement), cluster) + [f"gpuwarden: {note}" for note in notes]
+    lines = _summary(placement, cluster) + [f"gpuwarden: {note}" for note in notes]
     audit = {
         "profile": str(placement.profile.name if placement.profile else None),
         "rule": placement.origin,

@@ -10,7 +10,7 @@ modified), which keeps a decision cheap on large pods.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 JsonPatch = list[dict[str, Any]]
@@ -18,9 +18,9 @@ JsonPatch = list[dict[str, Any]]
 
 def escape(token: str) -> str:
     """Escape one JSON Pointer reference token (RFC 6901): '~' -> '~0', '/' -> '~1'."""
-    if "~" not in token and "/" not in token:
-        return token
-    return token.replace("~", "~0").replace("/", "~1")
+    if "~" in token:
+        token = token.replace("~", "~0")
+    return token.replace("/", "~1") if "/" in token else token
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -46,7 +46,14 @@ def _can_hold(node: Any, part: str | int) -> bool:
 
 
 def pointer(path: Sequence[str | int]) -> str:
-    return "".join(["/" + escape(str(part)) for part in path])
+    if not path:
+        return ""
+    tokens = [part if type(part) is str else str(part) for part in path]
+    joined = "/".join(tokens)
+    # Most paths hold nothing to escape: one look at the joined tokens says so.
+    if "~" in joined or joined.count("/") != len(tokens) - 1:
+        joined = "/".join([escape(token) for token in tokens])
+    return "/" + joined
 
 
 class PatchBuilder:
@@ -57,26 +64,23 @@ class PatchBuilder:
         self.ops: JsonPatch = []
         self._owned: set[int] = {id(self.document)}
 
-    def _own(self, parent: Any, key: str | int) -> Any:
-        """The child at ``key``, copied first unless this builder already made it."""
-        child = parent[key]
-        if id(child) in self._owned:
-            return child
-        if isinstance(child, dict):
-            child = dict(child)
-        elif isinstance(child, list):
-            child = list(child)
-        else:
-            return child
-        parent[key] = child
-        self._owned.add(id(child))
-        return child
-
     def _writable(self, path: Sequence[str | int]) -> Any:
-        """The container at ``path`` (which must exist), copied along the way for writing."""
+        """The container at ``path`` (which must exist), each map and list along the way copied
+        first unless this builder already made it."""
+        owned = self._owned
         node: Any = self.document
         for part in path:
-            node = self._own(node, part)
+            child = node[part]
+            if id(child) not in owned:
+                if isinstance(child, dict):
+                    child = dict(child)
+                elif isinstance(child, list):
+                    child = list(child)
+                else:
+                    return child
+                node[part] = child
+                owned.add(id(child))
+            node = child
         return node
 
     def get(self, path: Sequence[str | int]) -> Any:
@@ -143,40 +147,72 @@ class PatchBuilder:
     def merge(self, path: Sequence[str | int], values: Mapping[str, Any]) -> None:
         """Make the map at ``path`` hold these keys: one op for a whole absent map, else one per
         changed key. Keys not named are left alone: they are not ours."""
-        if not values:
+        self.update(path, values)
+
+    def discard(self, path: Sequence[str | int], keys: Collection[str]) -> None:
+        """Remove these keys from the map at ``path``, where they are present."""
+        self.update(path, {}, keys)
+
+    def update(
+        self, path: Sequence[str | int], values: Mapping[str, Any], removed: Collection[str] = ()
+    ) -> None:
+        """Remove the keys ``removed`` (none of them in ``values``) from the map at ``path`` where
+        present, then merge ``values`` into it: one walk down the path for both."""
+        if not values and not removed:
             return
         current = self.get(path)
         if not isinstance(current, dict):
-            self.set(path, dict(values))
+            if values:
+                self.set(path, dict(values))
             return
-        changed = [k for k, v in values.items() if k not in current or current[k] != v]
-        if not changed:
+        self._update_map(path, None, current, values, removed)
+
+    def update_each(
+        self,
+        path: Sequence[str | int],
+        changes: Sequence[tuple[str, Mapping[str, Any], Collection[str]]],
+    ) -> None:
+        """``update([*path, name], values, removed)`` for each (name, values, removed) in order,
+        the names distinct: one walk to ``path`` and one pointer to it for all of them."""
+        parent = self.get(path)
+        prefix = pointer(path) + "/" if isinstance(parent, dict) else None
+        for name, values, removed in changes:
+            # The other names' changes leave this one's map as it was in ``parent``.
+            current = parent.get(name) if prefix is not None else None
+            if isinstance(current, dict) and (values or removed):
+                child_prefix = f"{prefix}{escape(name)}/"
+                self._update_map([*path, name], child_prefix, current, values, removed)
+            else:
+                self.update([*path, name], values, removed)
+
+    def _update_map(
+        self,
+        path: Sequence[str | int],
+        prefix: str | None,
+        current: dict[str, Any],
+        values: Mapping[str, Any],
+        removed: Collection[str],
+    ) -> None:
+        """update() of ``current``, the map at ``path`` (its pointer and a slash: ``prefix``,
+        where known)."""
+        changed = [(k, v) for k, v in values.items() if k not in current or current[k] != v]
+        present = [key for key in removed if key in current] if removed else removed
+        if not present and not changed:
             return
         base = self._writable(path)
-        prefix = pointer(path) + "/"
+        if prefix is None:
+            prefix = pointer(path) + "/"
         ops = self.ops
-        for key in changed:
-            value = values[key]
+        for key in present:
+            del base[key]
+            ops.append({"op": "remove", "path": prefix + escape(key)})
+        for key, value in changed:
             op = "replace" if key in base else "add"
             if type(value) in _SCALARS:
                 base[key] = value
             else:
                 base[key], value = _clone(value), _clone(value)
             ops.append({"op": op, "path": prefix + escape(key), "value": value})
-
-    def discard(self, path: Sequence[str | int], keys: Iterable[str]) -> None:
-        """Remove these keys from the map at ``path``, where they are present."""
-        current = self.get(path)
-        if not isinstance(current, dict):
-            return
-        present = [key for key in keys if key in current]
-        if not present:
-            return
-        base = self._writable(path)
-        prefix = pointer(path) + "/"
-        for key in present:
-            del base[key]
-            self.ops.append({"op": "remove", "path": prefix + escape(key)})
 
     def remove(self, path: Sequence[str | int]) -> None:
         """Remove ``path`` if it exists."""

@@ -168,8 +168,9 @@ def _first_rule(policies: PolicySet, facts: PodFacts) -> tuple[int, WorkloadRule
     """The index of the first rule that matches, and the rule the pod gets for it: that rule, or
     a later rule of the same kind that narrows it more and matches too."""
     rules = policies.rules
-    for index, (first, _policy) in enumerate(rules):
-        if not may_match(first.match, facts) or not _judge(first, facts).matched:
+    for index in policies.rules_for(facts.workload.kind if facts.workload is not None else None):
+        first = rules[index][0]
+        if not _judge(first, facts).matched:
             continue
         narrower = (rules[later][0] for later in policies.narrower[index])
         return index, next((rule for rule in narrower if _judge(rule, facts).matched), first)

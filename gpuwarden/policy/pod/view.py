@@ -8,10 +8,10 @@ while the view is in use.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, PodRecord
@@ -24,6 +24,9 @@ from gpuwarden.policy.pod.resources import (
     labels_of,
     spec_of,
 )
+
+# What placement and the quota charge read of the recorded decision.
+_RECORD_FIELDS: Final = (*DECISION_FIELDS, *CHARGE_FIELDS)
 
 
 class ContainerGPUs(NamedTuple):
@@ -39,28 +42,29 @@ class ContainerGPUs(NamedTuple):
     devices: int
 
 
+def _count(value: Any) -> int | QuantityError:
+    """The count ``parse_count`` reads, or the error it raises."""
+    try:
+        return parse_count(value)
+    except QuantityError as exc:
+        return exc
+
+
+# A container without resources (an init or sidecar container, often): no GPU.
+_NO_GPUS: Final = ContainerGPUs(False, None, 0)
+
+
 def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
-    counts: dict[str, int | QuantityError] = {}
-
-    def count(value: Any) -> int | QuantityError:
-        key = value if type(value) is str else None
-        if key is not None and key in counts:
-            return counts[key]
-        try:
-            result: int | QuantityError = parse_count(value)
-        except QuantityError as exc:
-            result = exc
-        if key is not None:
-            counts[key] = result
-        return result
-
+    resources = ref.body.get("resources")
+    if not resources or not isinstance(resources, dict):
+        return _NO_GPUS
     asks, asked, best = False, None, 0
     devices: dict[Any, int | QuantityError] = {}
     for section in ("limits", "requests"):
         for name, value in ref.resources(section).items():
             if not is_gpu_resource(str(name)):
                 continue
-            parsed = count(value)
+            parsed = _count(value)
             asks = asks or isinstance(parsed, QuantityError) or parsed != 0
             if name not in GPU_COUNT_RESOURCES:
                 continue
@@ -78,6 +82,16 @@ def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
     )
 
 
+def _largest_request(found: Iterable[ContainerGPUs]) -> int | None:
+    best = 0
+    for gpus in found:
+        if isinstance(gpus.asked, QuantityError):
+            return None
+        if gpus.asked is not None and gpus.asked > best:
+            best = gpus.asked
+    return best
+
+
 @dataclass(frozen=True, eq=False)
 class PodView:
     """The read-only facts of one pod, read once."""
@@ -88,28 +102,44 @@ class PodView:
     annotations: Mapping[str, str]
     #: Every container, init containers first, then containers, then ephemeral containers.
     all_containers: tuple[ContainerRef, ...]
-    # Each container's GPU resources, read when first asked for.
-    _gpus: dict[int, ContainerGPUs] = field(default_factory=dict, repr=False)
+    #: spec.containers, the ones a profile can give GPUs to.
+    main_containers: tuple[ContainerRef, ...]
+    main_names: tuple[str, ...]
+    #: What gpuwarden recorded on the pod, as far as placement and the quota charge read it.
+    record: PodRecord
+    # Each container's GPU resources, by the identity of its body.
+    _gpus: Mapping[int, ContainerGPUs] = field(repr=False)
+    #: Whether any container asks for a GPU (as resources.requests_gpu reads it).
+    asks_for_gpu: bool
+    #: The most GPUs any one container asks for: 0 when none names a count (only GPU memory or
+    #: cores, say), None when a count is not whole (the grant names that field).
+    largest_gpu_request: int | None
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
-        return cls(pod, spec_of(pod), labels_of(pod), annotations_of(pod), tuple(containers(pod)))
-
-    @cached_property
-    def record(self) -> PodRecord:
-        """What gpuwarden recorded on the pod, as far as placement and the quota charge read it."""
-        return PodRecord.from_annotations(self.annotations, (*DECISION_FIELDS, *CHARGE_FIELDS))
+        annotations = annotations_of(pod)
+        refs = tuple(containers(pod))
+        main = tuple(ref for ref in refs if ref.field == "containers")
+        gpus = {id(ref.body): _gpus_of(ref) for ref in refs}
+        return cls(
+            pod,
+            spec_of(pod),
+            labels_of(pod),
+            annotations,
+            refs,
+            main,
+            tuple(ref.name for ref in main),
+            PodRecord.from_annotations(annotations, _RECORD_FIELDS),
+            gpus,
+            any(found.asks for found in gpus.values()),
+            _largest_request(gpus.values()),
+        )
 
     def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
         """The containers of these fields (all of them when none is named), in spec order."""
         if not fields:
             return self.all_containers
         return tuple(ref for ref in self.all_containers if ref.field in fields)
-
-    @cached_property
-    def main_containers(self) -> tuple[ContainerRef, ...]:
-        """spec.containers, the ones a profile can give GPUs to."""
-        return self.containers("containers")
 
     @cached_property
     def main_by_name(self) -> Mapping[str, ContainerRef]:
@@ -121,17 +151,10 @@ class PodView:
         """The first of spec.containers with this name (which must exist)."""
         return next(ref for ref in self.main_containers if ref.name == name)
 
-    @cached_property
-    def main_names(self) -> tuple[str, ...]:
-        return tuple(ref.name for ref in self.main_containers)
-
     def gpus(self, ref: ContainerRef) -> ContainerGPUs:
-        """The GPU resources of one of the view's containers, read once."""
-        key = id(ref.body)
-        found = self._gpus.get(key)
-        if found is None:
-            found = self._gpus[key] = _gpus_of(ref)
-        return found
+        """The GPU resources of one of the view's containers, read when the view was made."""
+        found = self._gpus.get(id(ref.body))
+        return found if found is not None else _gpus_of(ref)
 
     def asked_gpus(self, ref: ContainerRef) -> int | None:
         """``ref.asked_gpus()``, read once."""
@@ -139,18 +162,3 @@ class PodView:
         if isinstance(asked, QuantityError):
             raise asked
         return asked
-
-    @cached_property
-    def asks_for_gpu(self) -> bool:
-        """Whether any container asks for a GPU (as resources.requests_gpu reads it)."""
-        return any(self.gpus(ref).asks for ref in self.all_containers)
-
-    @cached_property
-    def largest_gpu_request(self) -> int | None:
-        """The most GPUs any one container asks for: 0 when none names a count (only GPU memory
-        or cores, say), None when a count is not whole (the grant names that field)."""
-        try:
-            counts = [self.asked_gpus(ref) for ref in self.all_containers]
-        except QuantityError:
-            return None
-        return max((c for c in counts if c is not None), default=0)

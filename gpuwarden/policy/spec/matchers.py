@@ -51,9 +51,14 @@ _KINDS: dict[type, str] = {
 }
 
 
+def bound_kind(rule: Matcher) -> str | None:
+    """The workload kind the matcher is bound to; None when it may match a pod of any kind."""
+    return _KINDS.get(type(rule))
+
+
 def may_match(rule: Matcher, facts: PodFacts) -> bool:
     """False when ``match`` certainly fails: the rule is bound to another workload kind."""
-    kind = _KINDS.get(type(rule))
+    kind = bound_kind(rule)
     return kind is None or (facts.workload is not None and facts.workload.kind == kind)
 
 

@@ -10,9 +10,10 @@ from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from gpuwarden.policy.pod.quantity import to_mebibytes
+from gpuwarden.policy.pod.quantity import format_bytes, format_mebibytes, to_mebibytes
 from gpuwarden.policy.pod.record import PodRecord
 from gpuwarden.policy.spec.backends import BackendPlan, plan_for
+from gpuwarden.policy.spec.matchers import bound_kind
 from gpuwarden.policy.spec.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
 from gpuwarden.policy.spec.precedence import narrower_rules, selector_order
 from gpuwarden.policy.spec.resolved import ResolvedProfile
@@ -36,6 +37,10 @@ class Grant:
     requests: Mapping[str, str] = field(default_factory=dict)
     node_selector: Mapping[str, str] = field(default_factory=dict)  # sorted by key
     tolerations: tuple[Mapping[str, Any], ...] = ()  # as the pod spec writes them
+    # The warning text of a target container that depends only on the grant: what follows its
+    # GPU count ("" without a plan), and the overcommit caveat ("" where there is none).
+    gpus_text: str = ""
+    overcommit_text: str = ""
 
 
 def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
@@ -65,7 +70,50 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
             gpu_memory_reserved=to_mebibytes(reserved) * 2**20,
             overcommit_ratio=Decimal(f"{profile.overcommit_ratio:g}"),
         )
-    return _with_pod_fields(Grant(profile, plan, record.to_annotations() | dict(plan.annotations)))
+    return _with_pod_fields(
+        Grant(
+            profile,
+            plan,
+            record.to_annotations() | dict(plan.annotations),
+            gpus_text=_gpus_text(profile, plan),
+            overcommit_text=_overcommit_text(profile) if plan.shared else "",
+        )
+    )
+
+
+def _cap_detail(profile: ResolvedProfile) -> str:
+    """Who enforces the cap and what the overcommit ratio means, on the profile's backend."""
+    backend, reserved = profile.backend.type, profile.reserved_memory
+    if backend in ("volcano", "hami") and reserved is not None:
+        # The request is HAMi-core's cap; overcommit is the node's deviceMemoryScaling.
+        return f" on {backend}, requested and enforced by HAMi-core"
+    if backend == "nvidia":
+        # Scheduling reserves one replica per GPU, whatever the cap and overcommit ratio.
+        return " on nvidia, one replica reserved per GPU"
+    extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
+    return f"{extra} on {backend}"
+
+
+def _gpus_text(profile: ResolvedProfile, plan: BackendPlan) -> str:
+    """What a container gets, after its GPU count: shared with a cap, or whole GPUs."""
+    if plan.shared:
+        cap = format_bytes(profile.max_memory) if profile.max_memory is not None else "no"
+        return f" shared GPU, {cap} GPU-memory cap{_cap_detail(profile)}"
+    return f" whole GPU(s) on {profile.backend.type}"
+
+
+def _overcommit_text(profile: ResolvedProfile) -> str:
+    """Where an overcommitted cap holds its reservation ("" for a profile that does not)."""
+    reserved = profile.reserved_memory
+    if profile.backend.type not in ("volcano", "hami") or reserved is None:
+        return ""
+    if profile.overcommit_ratio <= 1:
+        return ""
+    ratio = f"{profile.overcommit_ratio:g}"
+    return (
+        f"overcommit {ratio} holds {format_mebibytes(reserved)} per GPU "
+        f"only on nodes whose deviceMemoryScaling is {ratio}"
+    )
 
 
 def _with_pod_fields(grant: Grant) -> Grant:
@@ -85,6 +133,16 @@ def _with_pod_fields(grant: Grant) -> Grant:
             t.model_dump(by_alias=True, exclude_none=True) for t in profile.tolerations
         ),
     )
+
+
+def _rules_by_kind(rules: Sequence[WorkloadRule]) -> dict[str | None, tuple[int, ...]]:
+    """For each workload kind some rule is bound to, and for None (any other pod), the indices
+    of the rules a pod of that kind may match, in load order."""
+    kinds = [bound_kind(rule.match) for rule in rules]
+    return {
+        wanted: tuple(i for i, kind in enumerate(kinds) if kind in (None, wanted))
+        for wanted in (None, *kinds)
+    }
 
 
 def _first_listing(tenants: Sequence[Tenant]) -> dict[str, Tenant]:
@@ -115,6 +173,8 @@ class PolicySet:
     tenant_by_namespace: Mapping[str, Tenant] = field(default_factory=dict)
     selector_tenants: tuple[Tenant, ...] = ()
     narrower: tuple[tuple[int, ...], ...] = ()
+    # The rules a pod of each workload kind may match (see rules_for), computed once at load.
+    rules_by_kind: Mapping[str | None, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -141,6 +201,7 @@ class PolicySet:
             tenant_by_namespace=_first_listing(tenants),
             selector_tenants=selector_order(tenants),
             narrower=narrower_rules([rule for rule, _ in rules]),
+            rules_by_kind=_rules_by_kind([rule for rule, _ in rules]),
         )
         grants: dict[tuple[str | None, str], Grant] = {}
         sized: dict[tuple[str | None, str, int], Grant] = {}
@@ -161,6 +222,12 @@ class PolicySet:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(policy.metadata.name for policy in self.policies)
+
+    def rules_for(self, kind: str | None) -> tuple[int, ...]:
+        """The indices of the rules a pod of this workload kind (None: not a known workload) may
+        match, in load order: those bound to its kind and those bound to none."""
+        found = self.rules_by_kind.get(kind)
+        return found if found is not None else self.rules_by_kind.get(None, ())
 
     def tenant_for(self, namespace: str, labels: Mapping[str, str]) -> Tenant | None:
         """The tenant that lists the namespace by name, else the one with the most specific
