@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any, Literal, NamedTuple
 
 from gpuwarden.policy.pod import keys
@@ -55,8 +54,7 @@ class RuleOutcome(NamedTuple):
     lost: str | None = None  # why the chosen rule beat this one, which matched too
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """The outcome of resolution, with the trace `explain` prints."""
 
     source: Source
@@ -225,7 +223,7 @@ def _recorded_rule(
         targets = {id(refs[name].body) for name in chosen}
         if any(view.gpus(ref).asks for ref in view.all_containers if id(ref.body) not in targets):
             return None
-        asking_none = replace(facts, asks_for_gpu=False, largest_request=None)
+        asking_none = facts._replace(asks_for_gpu=False, largest_request=None)
         found = _first_rule(policies, asking_none)
         if found is None or found[1] is not rule:
             return None

@@ -9,8 +9,6 @@ while the view is in use.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Final, NamedTuple
 
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
@@ -92,9 +90,9 @@ def _largest_request(found: Iterable[ContainerGPUs]) -> int | None:
     return best
 
 
-@dataclass(frozen=True, eq=False)
-class PodView:
-    """The read-only facts of one pod, read once."""
+class PodView(NamedTuple):
+    """The read-only facts of one pod, read once (a named tuple: a decision builds one per pod,
+    and a frozen dataclass costs a call per field to build)."""
 
     pod: Mapping[str, Any]
     spec: Mapping[str, Any]
@@ -107,13 +105,16 @@ class PodView:
     main_names: tuple[str, ...]
     #: What gpuwarden recorded on the pod, as far as placement and the quota charge read it.
     record: PodRecord
-    # Each container's GPU resources, by the identity of its body.
-    _gpus: Mapping[int, ContainerGPUs] = field(repr=False)
+    #: Each container's GPU resources, by the identity of its body.
+    gpus_by_body: Mapping[int, ContainerGPUs]
     #: Whether any container asks for a GPU (as resources.requests_gpu reads it).
     asks_for_gpu: bool
     #: The most GPUs any one container asks for: 0 when none names a count (only GPU memory or
     #: cores, say), None when a count is not whole (the grant names that field).
     largest_gpu_request: int | None
+    #: spec.containers by name; of a repeated name (which the API server refuses after the
+    #: webhooks), the last.
+    main_by_name: Mapping[str, ContainerRef]
 
     @classmethod
     def of(cls, pod: Mapping[str, Any]) -> PodView:
@@ -133,6 +134,7 @@ class PodView:
             gpus,
             any(found.asks for found in gpus.values()),
             _largest_request(gpus.values()),
+            {ref.name: ref for ref in main},
         )
 
     def containers(self, *fields: str) -> tuple[ContainerRef, ...]:
@@ -141,19 +143,13 @@ class PodView:
             return self.all_containers
         return tuple(ref for ref in self.all_containers if ref.field in fields)
 
-    @cached_property
-    def main_by_name(self) -> Mapping[str, ContainerRef]:
-        """spec.containers by name; of a repeated name (which the API server refuses after the
-        webhooks), the last."""
-        return {ref.name: ref for ref in self.main_containers}
-
     def first_named(self, name: str) -> ContainerRef:
         """The first of spec.containers with this name (which must exist)."""
         return next(ref for ref in self.main_containers if ref.name == name)
 
     def gpus(self, ref: ContainerRef) -> ContainerGPUs:
         """The GPU resources of one of the view's containers, read when the view was made."""
-        found = self._gpus.get(id(ref.body))
+        found = self.gpus_by_body.get(id(ref.body))
         return found if found is not None else _gpus_of(ref)
 
     def asked_gpus(self, ref: ContainerRef) -> int | None:

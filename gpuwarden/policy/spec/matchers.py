@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from gpuwarden.policy.pod.workloads import Workload
 from gpuwarden.policy.spec.model import (
@@ -20,8 +20,7 @@ from gpuwarden.policy.spec.model import (
 from gpuwarden.policy.spec.selectors import describe_selector, name_matches, selector_matches
 
 
-@dataclass(frozen=True)
-class PodFacts:
+class PodFacts(NamedTuple):
     """The read-only attributes a rule may look at."""
 
     namespace: str
@@ -33,8 +32,7 @@ class PodFacts:
     largest_request: int | None = None  # the most GPUs one container asks for
 
 
-@dataclass(frozen=True)
-class MatchResult:
+class MatchResult(NamedTuple):
     matched: bool
     reason: str
 
