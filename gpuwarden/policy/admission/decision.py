@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import orjson
 
@@ -42,9 +42,9 @@ class ClusterView:
         return self.namespace_labels.get(namespace, {})
 
 
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """The attributes of one admission request that a decision may depend on."""
+class AdmissionRequest(NamedTuple):
+    """The attributes of one admission request that a decision may depend on (read-only; a
+    named tuple, as one is built for every review)."""
 
     operation: Operation
     namespace: str

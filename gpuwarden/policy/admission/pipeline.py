@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jsonpatch
@@ -42,6 +42,6 @@ def admit(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) 
     the patch changed is read and placed again, as the API server's validating call would: the
     patch's annotations and GPU counts can move it to another rule."""
     mutated = mutation(request, policies, cluster)
-    final = replace(request, pod=mutated.pod)
+    final = request._replace(pod=mutated.pod)
     validation = validate(final, policies, cluster, placed=mutated.placed)
     return Admission(mutated.decision, validation, mutated.pod)
