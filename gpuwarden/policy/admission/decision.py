@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
+from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
 import orjson
@@ -55,9 +56,13 @@ class AdmissionRequest(NamedTuple):
     dry_run: bool = False
 
 
-@dataclass(frozen=True)
-class Decision:
-    """A complete answer: allowed or denied, the patch, and what to tell the user and the audit log."""
+#: The audit annotations of a decision that adds none (read-only: every such decision shares it).
+NO_ANNOTATIONS: Mapping[str, str] = MappingProxyType({})
+
+
+class Decision(NamedTuple):
+    """A complete answer: allowed or denied, the patch, and what to tell the user and the audit
+    log (read-only; a named tuple, as every review builds one)."""
 
     allowed: bool = True
     patch: tuple[Mapping[str, Any], ...] = ()
@@ -65,7 +70,7 @@ class Decision:
     message: str = ""
     code: int = 200
     reason: str = ""
-    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    audit_annotations: Mapping[str, str] = NO_ANNOTATIONS
     tenant: str | None = None
     profile: str | None = None
     rule: str | None = None

@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from gpuwarden.policy.admission.decision import (
+    NO_ANNOTATIONS,
     AdmissionRequest,
     ClusterView,
     Decision,
@@ -423,7 +424,7 @@ def context_of(
     return Decision(
         patch=patch,
         warnings=warnings,
-        audit_annotations=audit_annotations or {},
+        audit_annotations=audit_annotations or NO_ANNOTATIONS,
         tenant=placement.tenant.name if placement.tenant else None,
         profile=placement.profile.name if placement.profile else None,
         rule=placement.origin,

@@ -10,7 +10,6 @@ the mutator produced is never denied for something the mutator did.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 from pydantic.alias_generators import to_camel
 
@@ -117,8 +116,7 @@ def validate(
         return base
     first = found[0]
     policy = placement.profile.policy if placement.profile else ",".join(policies.names)
-    return replace(
-        base,
+    return base._replace(
         allowed=False,
         code=403,
         reason=first.reason,
@@ -169,8 +167,7 @@ def validate_config_map(
     found = config_map_violations(config_map)
     if not found:
         return base
-    return replace(
-        base,
+    return base._replace(
         allowed=False,
         code=403,
         reason=found[0].reason,
