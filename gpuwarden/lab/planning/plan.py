@@ -18,8 +18,9 @@ from gpuwarden.lab.inputs.trace import TraceRow, row_pod
 from gpuwarden.lab.planning.sizing import mps_nodes_for, shared_demand
 from gpuwarden.lab.planning.strategies import Layout, Strategy
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
-from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL, priority_class
+from gpuwarden.policy.admission.manifests import priority_class
 from gpuwarden.policy.render.objects import render
+from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ import yaml
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import PolicySet, load_texts
-from gpuwarden.policy.admission.manifests import NAMESPACE_NAME_LABEL
 from gpuwarden.policy.pod.keys import API_VERSION, POLICY_KIND
 from gpuwarden.policy.render.objects import ANNOTATION_RENDERED_FROM, RenderOptions, render
 from gpuwarden.policy.render.packing import BINPACK_SCHEDULER
 from gpuwarden.policy.spec.loader import policy_files
+from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
 #: The backend every simulated policy runs on (see the module docstring).
 LAB_BACKEND: Mapping[str, str] = {

@@ -13,9 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from gpuwarden.policy.admission.decision import ClusterView, PriorityClassInfo
+from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
-# The API server puts this label on every namespace (Kubernetes 1.21+); selectors may rely on it.
-NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 KINDS = ("Namespace", "PriorityClass", "ConfigMap")
 
 

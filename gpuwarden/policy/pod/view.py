@@ -23,8 +23,8 @@ from gpuwarden.policy.pod.resources import (
     spec_of,
 )
 
-# What placement and the quota charge read of the recorded decision.
-_RECORD_FIELDS: Final = (*DECISION_FIELDS, *CHARGE_FIELDS)
+# What placement and the quota charge read of the recorded decision, each field once.
+_RECORD_FIELDS: Final = tuple(dict.fromkeys((*DECISION_FIELDS, *CHARGE_FIELDS)))
 
 
 class ContainerGPUs(NamedTuple):

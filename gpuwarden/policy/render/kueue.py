@@ -84,6 +84,7 @@ from gpuwarden.policy.spec.model import (
     quantity_value,
 )
 from gpuwarden.policy.spec.policyset import PolicySet
+from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 KUEUE_API = "kueue.x-k8s.io/v1beta2"
@@ -113,7 +114,6 @@ FAIR_SHARING_STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare"
 #: Resources a governed pod may request that Kueue must not count (excludeResourcePrefixes
 #: matches by prefix): host resources, and the GPU resources that size a slice of a device.
 _HOST_RESOURCES = ("cpu", "memory", "ephemeral-storage", "hugepages-")
-_NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 
 @dataclass(frozen=True)
@@ -553,7 +553,7 @@ def namespace_selector(tenant: Tenant) -> dict[str, Any]:
         return {
             "matchExpressions": [
                 {
-                    "key": _NAMESPACE_NAME_LABEL,
+                    "key": NAMESPACE_NAME_LABEL,
                     "operator": "In",
                     "values": sorted(tenant.namespaces),
                 }

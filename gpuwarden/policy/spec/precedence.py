@@ -30,7 +30,8 @@ from gpuwarden.policy.spec.model import (
 )
 from gpuwarden.policy.spec.selectors import describe_selector, selector_matches
 
-# The label the API server puts on every namespace: a selector on it names namespaces.
+# The label the API server puts on every namespace (Kubernetes 1.21+): a selector on it names
+# namespaces, and the cluster views the engine is given carry it as the API server would.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 
 # Kind-bound matchers that narrow their kind by a list of names: (field, what the names are).
