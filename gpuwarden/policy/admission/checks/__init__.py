@@ -25,6 +25,9 @@ changed annotations    annotations       UPDATE
 =====================  ================  =============================================
 """
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 from gpuwarden.policy.admission.checks import escapes, limits, scheduling, updates
 from gpuwarden.policy.admission.checks.base import (
     Check,
@@ -54,9 +57,18 @@ CHECKS: tuple[Check, ...] = (
 )
 
 
+# Every kind some check handles, with its checks in order: chosen once, not on every request.
+_BY_KIND: Mapping[RequestKind, tuple[Check, ...]] = MappingProxyType(
+    {
+        kind: tuple(check for check in CHECKS if kind in check.handles)
+        for kind in sorted({kind for check in CHECKS for kind in check.handles})
+    }
+)
+
+
 def checks_for(kind: RequestKind) -> tuple[Check, ...]:
-    """The checks a request of this kind runs, in order."""
-    return tuple(check for check in CHECKS if kind in check.handles)
+    """The checks a request of this kind runs, in order (none for a kind no check handles)."""
+    return _BY_KIND.get(kind, ())
 
 
 __all__ = [
