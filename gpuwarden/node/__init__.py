@@ -38,8 +38,10 @@ MPS gives soft isolation. What the agent achieves with it:
   per GPU; MPS limits are per client process, so a container with several CUDA processes can hold
   several times the limit) and, above the cap, writes an Event on the pod, counts a metric and, as
   ``--on-violation`` says, sends ``terminate_client`` for its MPS clients or evicts the pod through
-  the eviction subresource (PodDisruptionBudgets apply). GPU processes of no known pod and GPUs
-  whose caps exceed memory x overcommit ratio are reported too.
+  the eviction subresource (PodDisruptionBudgets apply). A GPU process in a container that was
+  granted no GPU (no GPU resource, DRA claim or gpuwarden record: an image's
+  ``ENV NVIDIA_VISIBLE_DEVICES`` does that, docs/node-agent.md) gets the same treatment. GPU
+  processes of no known pod and GPUs whose caps exceed memory x overcommit ratio are reported too.
 * **Optional hard limits.** Where the driver offers ``nvidia-smi memory-limits`` (r615+), the agent
   sets an NVML cgroup hard limit (cap x GPU containers) keyed on each governed pod's cgroup as soon
   as kubelet creates it, before the first CUDA context (cgroup v2 hosts only). This path is not

@@ -5,9 +5,9 @@ process to a pod through ``/proc/<pid>/cgroup``, then:
 
 * sets the MPS daemon defaults to the ceilings and each running server to the limits of its pods
   (only what changed since the last tick; everything again after a daemon restart);
-* reports containers above their GPU-memory cap (an Event, a metric, and ``terminate_client`` or
-  an eviction as ``--on-violation`` says), GPUs whose caps oversubscribe them, and GPU processes
-  of no known pod.
+* reports containers above their GPU-memory cap, and GPU processes in containers that were
+  granted no GPU (an Event, a log line, a metric, and ``terminate_client`` or an eviction as
+  ``--on-violation`` says), GPUs whose caps oversubscribe them, and GPU processes of no known pod.
 
 Kubernetes calls are not made here: a tick returns them as actions, and :func:`run_once` hands
 them to a :class:`Cluster` (``gpuwarden.kube.node_pods.NodeCluster`` in production).
@@ -37,6 +37,7 @@ _MPS_SERVER_COMM = "nvidia-cuda-mps"
 REASON_CAP_EXCEEDED = "GPUMemoryCapExceeded"
 REASON_OVERSUBSCRIBED = "GPUMemoryOversubscribed"
 REASON_UNKNOWN_PROCESS = "UnknownGPUProcess"
+REASON_UNGRANTED = "GPUWithoutGrant"
 REASON_BAD_ANNOTATION = "InvalidGPUAnnotation"
 REASON_MPS_REFUSED = "MPSRefusedOnMIG"
 
@@ -80,6 +81,25 @@ class Eviction:
 
 
 KubeAction = PodEvent | NodeEvent | Eviction
+
+
+@dataclass(frozen=True)
+class _Offence:
+    """What the agent acts on as ``--on-violation`` says: a container over its cap, or one using
+    a GPU it was not granted."""
+
+    pod: PodRef
+    key: tuple[str, str, str, int]  # reason, pod UID, container, GPU
+    reason: str
+    message: str
+    pids: tuple[int, ...]
+    servers: Mapping[int, int]  # client PID -> its MPS server
+
+
+_STILL = {
+    REASON_CAP_EXCEEDED: "still above its GPU-memory cap",
+    REASON_UNGRANTED: "still using a GPU it was not granted",
+}
 
 
 class Cluster(Protocol):
@@ -128,6 +148,7 @@ class TickReport:
     processes: tuple[ObservedProcess, ...] = ()
     usage: tuple[PodUsage, ...] = ()
     violations: tuple[limits.Violation, ...] = ()
+    ungranted: tuple[limits.UngrantedUse, ...] = ()
     oversubscribed: tuple[limits.Oversubscription, ...] = ()
     unknown: tuple[limits.UnknownProcess, ...] = ()
     commands: tuple[str, ...] = ()
@@ -160,7 +181,8 @@ class _State:
     applied: dict[str, int] = field(default_factory=dict)
     needs_reapply: bool = False
     daemon_pid: int | None = None
-    violations: set[tuple[str, str, int]] = field(default_factory=set)
+    # (reason, pod UID, container, GPU) of the offences already reported
+    violations: set[tuple[str, str, str, int]] = field(default_factory=set)
     terminated: set[tuple[int, int]] = field(default_factory=set)
     evicted: set[str] = field(default_factory=set)
     evict_again: set[str] = field(default_factory=set)
@@ -194,6 +216,7 @@ class NodeAgent:
         self._state = _State()
         self._lock = threading.Lock()
         self._violation_counts: dict[tuple[str, str, str], int] = {}
+        self._ungranted_counts: dict[tuple[str, str, str], int] = {}
         self._daemon_restarts = 0
 
     # -- start ----------------------------------------------------------------------------
@@ -252,6 +275,12 @@ class NodeAgent:
     def violation_counts(self) -> dict[tuple[str, str, str], int]:
         with self._lock:
             return dict(self._violation_counts)
+
+    def ungranted_counts(self) -> dict[tuple[str, str, str], int]:
+        """(namespace, pod, action) -> times a container of the pod was found using a GPU it
+        was not granted."""
+        with self._lock:
+            return dict(self._ungranted_counts)
 
     @property
     def daemon_restarts(self) -> int:
@@ -378,15 +407,13 @@ class NodeAgent:
             sent.append(planned.command)
         return sent
 
-    def _terminate(
-        self, violation: limits.Violation, errors: list[str], commands: list[str]
-    ) -> str:
+    def _terminate(self, offence: _Offence, errors: list[str], commands: list[str]) -> str:
         if self.mps is None:
             return "; MPS is not in use, so the agent cannot terminate its processes"
         done: list[str] = []
         notes: list[str] = []
-        for pid in violation.pids:
-            server = violation.servers.get(pid)
+        for pid in offence.pids:
+            server = offence.servers.get(pid)
             if server is None:
                 notes.append(f"PID {pid} is not an MPS client, so MPS cannot terminate it")
                 continue
@@ -409,40 +436,91 @@ class NodeAgent:
             text += "; " + "; ".join(notes)
         return text
 
+    def _violations(self, found: Sequence[limits.Violation]) -> list[_Offence]:
+        uuid = {d.index: d.uuid for d in self.devices}
+        return [
+            _Offence(
+                pod=violation.pod,
+                key=(REASON_CAP_EXCEEDED, *violation.key),
+                reason=REASON_CAP_EXCEEDED,
+                message=(
+                    f"container {violation.container} uses {_gib(violation.used)} of GPU memory "
+                    f"on GPU {violation.gpu} ({uuid.get(violation.gpu, '?')}), above its cap "
+                    f"{format_bytes(violation.cap)} (PIDs {', '.join(map(str, violation.pids))})"
+                ),
+                pids=violation.pids,
+                servers=violation.servers,
+            )
+            for violation in found
+        ]
+
+    def _ungranted(self, found: Sequence[limits.UngrantedUse]) -> list[_Offence]:
+        uuid = {d.index: d.uuid for d in self.devices}
+        out = []
+        for use in found:
+            used = "unknown" if use.used is None else _gib(use.used)
+            pids = ", ".join(map(str, use.pids))
+            out.append(
+                _Offence(
+                    pod=use.pod,
+                    key=(REASON_UNGRANTED, *use.key),
+                    reason=REASON_UNGRANTED,
+                    message=(
+                        f"container {use.container} of pod {use.pod} uses GPU {use.gpu} "
+                        f"({uuid.get(use.gpu, '?')}) of node {self.config.node_name}, {used} of "
+                        f"GPU memory (PIDs {pids}), but was granted no GPU: no GPU resource, no "
+                        "DRA claim and no gpuwarden.io record of a GPU (an image's ENV "
+                        "NVIDIA_VISIBLE_DEVICES does this where the NVIDIA runtime accepts the "
+                        "variable from unprivileged containers)"
+                    ),
+                    pids=use.pids,
+                    servers=use.servers,
+                )
+            )
+        return out
+
     def _enforce(
-        self, found: Sequence[limits.Violation], errors: list[str], commands: list[str]
+        self, found: Sequence[_Offence], errors: list[str], commands: list[str]
     ) -> list[KubeAction]:
+        """One Event per episode of each offence, and ``--on-violation``'s action."""
         state = self._state
         actions: list[KubeAction] = []
-        uuid = {d.index: d.uuid for d in self.devices}
         action = self.config.on_violation
-        for violation in found:
-            if violation.key in state.violations:
-                if violation.pod.uid in state.evict_again:
-                    state.evict_again.discard(violation.pod.uid)
-                    actions.append(Eviction(violation.pod, "still above its GPU-memory cap"))
+        for offence in found:
+            if offence.key in state.violations:
+                if offence.pod.uid in state.evict_again:
+                    state.evict_again.discard(offence.pod.uid)
+                    actions.append(Eviction(offence.pod, _STILL[offence.reason]))
                 continue
-            state.violations.add(violation.key)
-            with self._lock:
-                count_key = (violation.pod.namespace, violation.pod.name, action)
-                self._violation_counts[count_key] = self._violation_counts.get(count_key, 0) + 1
-            message = (
-                f"container {violation.container} uses {_gib(violation.used)} of GPU memory on "
-                f"GPU {violation.gpu} ({uuid.get(violation.gpu, '?')}), above its cap "
-                f"{format_bytes(violation.cap)} (PIDs {', '.join(map(str, violation.pids))})"
+            state.violations.add(offence.key)
+            counts = (
+                self._ungranted_counts
+                if offence.reason == REASON_UNGRANTED
+                else self._violation_counts
             )
+            with self._lock:
+                count_key = (offence.pod.namespace, offence.pod.name, action)
+                counts[count_key] = counts.get(count_key, 0) + 1
+            message = offence.message
             if action == "terminate":
-                message += self._terminate(violation, errors, commands)
-            if action == "evict" and violation.pod.uid not in state.evicted:
-                state.evicted.add(violation.pod.uid)
+                message += self._terminate(offence, errors, commands)
+            if action == "evict" and offence.pod.uid not in state.evicted:
+                state.evicted.add(offence.pod.uid)
                 message += "; the agent evicts the pod"
-                actions.append(PodEvent(violation.pod, REASON_CAP_EXCEEDED, message))
-                actions.append(Eviction(violation.pod, message))
+                self._log_offence(offence, message)
+                actions.append(PodEvent(offence.pod, offence.reason, message))
+                actions.append(Eviction(offence.pod, message))
                 continue
-            actions.append(PodEvent(violation.pod, REASON_CAP_EXCEEDED, message))
-        state.violations &= {v.key for v in found}
-        state.evict_again &= {v.pod.uid for v in found}
+            self._log_offence(offence, message)
+            actions.append(PodEvent(offence.pod, offence.reason, message))
+        state.violations &= {o.key for o in found}
+        state.evict_again &= {o.pod.uid for o in found}
         return actions
+
+    def _log_offence(self, offence: _Offence, message: str) -> None:
+        # Over-cap containers are told through their Events and metrics alone, as before.
+        if offence.reason == REASON_UNGRANTED:
+            self.log.warning("%s", message)
 
     def _oversubscription(self, found: Sequence[limits.Oversubscription]) -> list[KubeAction]:
         state = self._state
@@ -525,6 +603,9 @@ class NodeAgent:
             self._violation_counts = {
                 key: count for key, count in self._violation_counts.items() if key[:2] in names
             }
+            self._ungranted_counts = {
+                key: count for key, count in self._ungranted_counts.items() if key[:2] in names
+            }
 
     def tick(self, raw_pods: Sequence[Mapping[str, Any]]) -> TickReport:
         """One enforcement pass over the pods of this node (Kubernetes JSON objects)."""
@@ -555,12 +636,15 @@ class NodeAgent:
             self._hard_limits(pods, errors)
 
         found = limits.violations(procs, known)
+        listed = frozenset(s.pid for s in servers) if self.uses_mps and healthy else None
+        ungranted = limits.ungranted_uses(procs, known, listed)
         placement = limits.place_pods([d.index for d in self.managed], pods, procs)
         over = limits.oversubscriptions(self.managed, pods, placement)
         unknown = limits.unknown_processes(procs)
         actions: list[KubeAction] = []
         actions += self._problems(infos)
-        actions += self._enforce(found, errors, commands)
+        offences = self._violations(found) + self._ungranted(ungranted)
+        actions += self._enforce(offences, errors, commands)
         actions += self._oversubscription(over)
         actions += self._unknown(unknown)
 
@@ -586,6 +670,7 @@ class NodeAgent:
             processes=tuple(procs),
             usage=tuple(_usage(procs, known)),
             violations=tuple(found),
+            ungranted=tuple(ungranted),
             oversubscribed=tuple(over),
             unknown=tuple(unknown),
             commands=tuple(commands),

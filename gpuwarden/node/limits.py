@@ -318,3 +318,62 @@ def unknown_processes(procs: Iterable[ObservedProcess]) -> list[UnknownProcess]:
             )
         out.append(UnknownProcess(proc.gpu, proc.pid, proc.used_memory, reason))
     return out
+
+
+@dataclass(frozen=True)
+class UngrantedUse:
+    """GPU processes of a container that was granted no GPU, on one GPU: its image or its
+    environment asked the NVIDIA runtime for devices (``NVIDIA_VISIBLE_DEVICES``) outside
+    admission."""
+
+    pod: PodRef
+    container: str
+    gpu: int
+    used: int | None  # None when NVML reports no memory for any of them
+    pids: tuple[int, ...]
+    # client PID -> its MPS server, for the PIDs that are MPS clients
+    servers: Mapping[int, int] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.pod.uid, self.container, self.gpu)
+
+
+def ungranted_uses(
+    procs: Iterable[ObservedProcess],
+    pods: Mapping[str, PodInfo],
+    server_pids: frozenset[int] | None,
+) -> list[UngrantedUse]:
+    """GPU processes in containers of this node's pods that nothing granted a GPU.
+
+    ``server_pids`` are the MPS servers the control daemon lists; a process of such a pod counts
+    as an MPS server only if it is one of them (its name would be a tenant's choice). None: no
+    list to hold it to (MPS not in use, or its daemon not answering), so names are trusted.
+    """
+    groups: dict[tuple[str, str, int], list[ObservedProcess]] = {}
+    for proc in procs:
+        if proc.pod is None:
+            continue
+        if proc.is_mps_server and (server_pids is None or proc.pid in server_pids):
+            continue
+        pod = pods.get(proc.pod.uid)
+        if pod is None:
+            continue
+        container_id = proc.owner.container_id if proc.owner is not None else None
+        if pod.granted_gpu(pod.container_name(container_id)):
+            continue
+        groups.setdefault((pod.ref.uid, _container_key(pod, proc.owner), proc.gpu), []).append(proc)
+    out = []
+    for (uid, container, gpu), members in sorted(groups.items()):
+        known = [p.used_memory for p in members if p.used_memory is not None]
+        out.append(
+            UngrantedUse(
+                pod=pods[uid].ref,
+                container=container,
+                gpu=gpu,
+                used=sum(known) if known else None,
+                pids=tuple(sorted(p.pid for p in members)),
+                servers={p.pid: p.server for p in members if p.server is not None},
+            )
+        )
+    return out

@@ -46,6 +46,11 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         _CONTAINER,
     ),
     "pod_over_cap": ("1 while the container uses more GPU memory than its cap.", _CONTAINER),
+    "pod_gpu_ungranted": (
+        "1 while the container has processes on a GPU although nothing granted it one (no GPU "
+        "resource, DRA claim or gpuwarden.io record of a GPU).",
+        _CONTAINER,
+    ),
     "pod_mps_thread_percentage": (
         "The pod's MPS active thread percentage (gpuwarden.io/mps-thread-percentage).",
         ("node", "namespace", "pod"),
@@ -112,20 +117,34 @@ class AgentCollector(Collector):
                     g["pod_mps_thread_percentage"].add_metric(
                         [node, usage.pod.namespace, usage.pod.name], usage.thread_percentage
                     )
+            for use in report.ungranted:
+                labels = [node, use.pod.namespace, use.pod.name, use.container, str(use.gpu)]
+                g["pod_gpu_ungranted"].add_metric(labels, 1)
             if report.mps_healthy is not None:
                 g["mps_daemon_healthy"].add_metric([node], 1 if report.mps_healthy else 0)
                 g["mps_servers"].add_metric([node], len(report.servers))
         yield from g.values()
 
-        violations = CounterMetricFamily(
-            f"{PREFIX}_violations",
-            "Times a container was found above its GPU-memory cap, by the action taken (a pod's "
-            "series ends when it leaves the node).",
-            labels=["node", "namespace", "pod", "action"],
-        )
-        for (namespace, pod, action), count in sorted(agent.violation_counts().items()):
-            violations.add_metric([node, namespace, pod, action], count)
-        yield violations
+        for name, text, counts in (
+            (
+                "violations",
+                "Times a container was found above its GPU-memory cap",
+                agent.violation_counts(),
+            ),
+            (
+                "ungranted_gpu_use",
+                "Times a container was found using a GPU it was not granted",
+                agent.ungranted_counts(),
+            ),
+        ):
+            counter = CounterMetricFamily(
+                f"{PREFIX}_{name}",
+                f"{text}, by the action taken (a pod's series ends when it leaves the node).",
+                labels=["node", "namespace", "pod", "action"],
+            )
+            for (namespace, pod, action), count in sorted(counts.items()):
+                counter.add_metric([node, namespace, pod, action], count)
+            yield counter
         restarts = CounterMetricFamily(
             f"{PREFIX}_mps_daemon_restarts",
             "Times the agent found the MPS control daemon restarted and set its limits again.",

@@ -8,7 +8,11 @@ from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy.pod.record import PodRecord
-from gpuwarden.policy.pod.resources import annotations_of
+from gpuwarden.policy.pod.resources import annotations_of, containers
+
+# Kubernetes' extended resources backed by a DRA DeviceClass (the DRAExtendedResource feature):
+# devices the agent cannot size, as for a ResourceClaim.
+_DRA_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -42,6 +46,11 @@ class PodInfo:
     container_ids: Mapping[str, str] = field(default_factory=dict)
     # Annotations the agent could not read, as messages naming the annotation.
     problems: tuple[str, ...] = ()
+    # The containers (any kind) that ask for a GPU resource of a device plugin.
+    gpu_resource_containers: frozenset[str] = frozenset()
+    # DRA claims or DRA-backed extended resources: devices the agent cannot see, so any
+    # container of the pod may hold a GPU through them.
+    device_claims: bool = False
 
     @property
     def governed(self) -> bool:
@@ -67,6 +76,17 @@ class PodInfo:
         if self.cap is None:
             return Decimal(0)
         return Decimal(self.cap) * self.gpu_containers / self.overcommit_ratio
+
+    def granted_gpu(self, container: str | None) -> bool:
+        """Whether the container (the pod's, when it is not known) was given a GPU: by a GPU
+        resource, a DRA claim, or gpuwarden's record of a GPU for it."""
+        if self.device_claims:
+            return True
+        if container is None:
+            return self.uses_gpu or bool(self.gpu_resource_containers)
+        if container in self.gpu_resource_containers:
+            return True
+        return self.uses_gpu and (not self.containers or container in self.containers)
 
     def container_name(self, container_id: str | None) -> str | None:
         if container_id is None:
@@ -116,6 +136,19 @@ def _run_as_users(spec: Mapping[str, Any], named: tuple[str, ...]) -> frozenset[
     return frozenset(users)
 
 
+def _device_claims(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    if spec.get("resourceClaims"):
+        return True
+    for ref in containers(pod):
+        resources = _mapping(ref.body.get("resources"))
+        if resources.get("claims"):
+            return True
+        for section in (ref.resources("limits"), ref.resources("requests")):
+            if any(str(name).startswith(_DRA_EXTENDED_PREFIX) for name in section):
+                return True
+    return False
+
+
 def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
     """Read one pod (Kubernetes JSON, camelCase); None for an object with no name or UID."""
     meta = _mapping(pod.get("metadata"))
@@ -126,6 +159,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
     record = PodRecord.from_annotations(annotations_of(pod))
     named = record.containers or ()
     status = _mapping(pod.get("status"))
+    spec = _mapping(pod.get("spec"))
     phase, created = status.get("phase"), meta.get("creationTimestamp")
     return PodInfo(
         ref=ref,
@@ -138,7 +172,11 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
         containers=named,
         gpu_count=record.gpu_count,
         overcommit_ratio=record.overcommit_ratio or Decimal(1),
-        run_as_users=_run_as_users(_mapping(pod.get("spec")), named),
+        run_as_users=_run_as_users(spec, named),
         container_ids=_container_ids(status),
         problems=record.problems,
+        gpu_resource_containers=frozenset(
+            ref.name for ref in containers(pod) if ref.asks_for_gpu()
+        ),
+        device_claims=_device_claims(pod, spec),
     )

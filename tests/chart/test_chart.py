@@ -455,10 +455,60 @@ def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None
         str(layout.log),
         "/run/nvidia/mps/shm",  # the daemon's shared memory with its clients, as /dev/shm
         "/sys/fs/cgroup",
+        "/dev/null",  # its device list as a volume mount (nodeAgent.gpuAccess)
     }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts[host_paths["/sys/fs/cgroup"]]["readOnly"] is True
     assert args["--cgroup-root"] == mounts[host_paths["/sys/fs/cgroup"]]["mountPath"]
+
+
+# NVIDIA/nvidia-container-toolkit internal/config/image/cuda_image.go: DeviceListAsVolumeMountsRoot,
+# and requestsFromMounts reads only mounts of the host's /dev/null below it.
+DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
+
+
+def _toolkit_devices(pod: dict[str, Any], container: dict[str, Any], *, envvar: bool) -> list[str]:
+    """The devices NVIDIA's container toolkit gives the container (VisibleDevices there): the
+    volume-mount list, else NVIDIA_VISIBLE_DEVICES, which it ignores in an unprivileged container
+    when ``envvar`` (accept-nvidia-visible-devices-envvar-when-unprivileged) is false."""
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounted = [
+        m["mountPath"].removeprefix(DEVICE_LIST_ROOT).strip("/")
+        for m in container["volumeMounts"]
+        if host.get(m["name"]) == "/dev/null" and m["mountPath"].startswith(DEVICE_LIST_ROOT + "/")
+    ]
+    if mounted:
+        return mounted
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    privileged = container["securityContext"].get("privileged") is True
+    if "NVIDIA_VISIBLE_DEVICES" in env and (envvar or privileged):
+        return str(env["NVIDIA_VISIBLE_DEVICES"]).split(",")
+    return []
+
+
+@pytest.mark.parametrize(
+    ("access", "hardened"),
+    [("volume-mounts", ["all"]), ("privileged", ["all"]), ("envvar", [])],
+)
+def test_node_agent_gets_its_gpus_from_a_hardened_toolkit(access: str, hardened: list[str]) -> None:
+    """With accept-nvidia-visible-devices-envvar-when-unprivileged = false (the fix for images
+    that set NVIDIA_VISIBLE_DEVICES, docs/node-agent.md) the agent still gets every GPU, unless
+    told to rely on the variable alone; with the toolkit's defaults it gets them every way."""
+    rendering = template(sets={"nodeAgent.gpuAccess": access})
+    pod = rendering.one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert _toolkit_devices(pod, container, envvar=True) == ["all"]
+    assert _toolkit_devices(pod, container, envvar=False) == hardened
+    context = container["securityContext"]
+    # The API server refuses privileged with allowPrivilegeEscalation false.
+    assert context["privileged"] is (access == "privileged")
+    assert context["allowPrivilegeEscalation"] is (access == "privileged")
+    kubernetes_validate.validate(rendering.one("DaemonSet"), KUBERNETES_VERSION, strict=True)
+
+
+def test_node_agent_gpu_access_is_one_of_three() -> None:
+    error = template_error(sets={"nodeAgent.gpuAccess": "cdi"})
+    assert 'nodeAgent.gpuAccess must be volume-mounts, envvar or privileged, not "cdi"' in error
 
 
 def _rules(rendering: Rendering, name: str) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:

@@ -11,8 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwarden.node.agent import AgentConfig, NodeAgent, OnViolation
+from gpuwarden.node.fake import FakeNvml
+from gpuwarden.node.metrics import agent_registry
 from gpuwarden.node.mps import ProcessMpsControl
+from gpuwarden.node.procfs import ProcFs
 
 from .mps_fake import FakeMps, install
 
@@ -49,6 +55,42 @@ class FakeProc:
         self.add(
             pid, "0::/system.slice/gpuwarden-node-agent.scope\n", uid=uid, comm="nvidia-cuda-mps"
         )
+
+
+@pytest.fixture
+def nvml() -> FakeNvml:
+    """One 40 GiB GPU."""
+    fake = FakeNvml()
+    fake.add_gpu(40 * GiB)
+    return fake
+
+
+def agent_for(
+    nvml: FakeNvml,
+    control: ProcessMpsControl | None,
+    proc: FakeProc,
+    *,
+    on_violation: OnViolation = "event",
+    **config: Any,
+) -> NodeAgent:
+    agent = NodeAgent(
+        AgentConfig(node_name="gpu-node-1", on_violation=on_violation, **config),
+        nvml,
+        control,
+        ProcFs(proc.root),
+    )
+    agent.start()
+    return agent
+
+
+def sample(agent: NodeAgent, name: str, **labels: str) -> float | None:
+    """The value of one series in the agent's exposition text, parsed as Prometheus would."""
+    text = generate_latest(agent_registry(agent)).decode()
+    for family in text_string_to_metric_families(text):
+        for item in family.samples:
+            if item.name == name and all(item.labels.get(k) == v for k, v in labels.items()):
+                return float(item.value)
+    return None
 
 
 @pytest.fixture

@@ -5,10 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
 from gpuwarden.node import mps
 from gpuwarden.node.agent import (
     REASON_BAD_ANNOTATION,
@@ -19,15 +15,13 @@ from gpuwarden.node.agent import (
     Eviction,
     NodeAgent,
     NodeEvent,
-    OnViolation,
     PodEvent,
 )
 from gpuwarden.node.fake import FakeNvml
-from gpuwarden.node.metrics import agent_registry
 from gpuwarden.node.mps import ProcessMpsControl, device_plugin_directories
 from gpuwarden.node.procfs import ProcFs
 
-from .conftest import FakeProc, GiB, container_id, make_pod
+from .conftest import FakeProc, GiB, agent_for, container_id, make_pod, sample
 from .mps_fake import FakeMps
 
 UID_A = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -35,31 +29,6 @@ UID_B = "bbbbbbbb-0000-4000-8000-000000000002"
 UID_C = "cccccccc-0000-4000-8000-000000000003"
 CID_A = container_id(0xA1)
 SERVER = 700
-
-
-def agent_for(
-    nvml: FakeNvml,
-    control: ProcessMpsControl | None,
-    proc: FakeProc,
-    *,
-    on_violation: OnViolation = "event",
-    **config: Any,
-) -> NodeAgent:
-    agent = NodeAgent(
-        AgentConfig(node_name="gpu-node-1", on_violation=on_violation, **config),
-        nvml,
-        control,
-        ProcFs(proc.root),
-    )
-    agent.start()
-    return agent
-
-
-@pytest.fixture
-def nvml() -> FakeNvml:
-    fake = FakeNvml()
-    fake.add_gpu(40 * GiB)
-    return fake
 
 
 def pod_a(**kwargs: Any) -> dict[str, Any]:
@@ -335,16 +304,6 @@ def test_a_forged_annotation_on_one_pod_leaves_the_others_enforced(
     assert [(v.container, v.used) for v in report.violations] == [("main", 5 * GiB)]
     reasons = {(a.pod.uid, a.reason) for a in report.actions if isinstance(a, PodEvent)}
     assert reasons == {(UID_A, REASON_CAP_EXCEEDED), (UID_B, REASON_BAD_ANNOTATION)}
-
-
-def sample(agent: NodeAgent, name: str, **labels: str) -> float | None:
-    """The value of one series in the agent's exposition text, parsed as Prometheus would."""
-    text = generate_latest(agent_registry(agent)).decode()
-    for family in text_string_to_metric_families(text):
-        for item in family.samples:
-            if item.name == name and all(item.labels.get(k) == v for k, v in labels.items()):
-                return float(item.value)
-    return None
 
 
 def test_metrics_show_usage_against_cap(
