@@ -1,11 +1,31 @@
-"""`gpuwarden lint`: validate policies and report risky settings."""
+"""`gpuwarden lint`: validate policies and report risky settings; with ``--objects``, the
+GPUPolicy objects served with them and what each one overrides in the files."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from gpuwarden.commands._inputs import add_policy_paths, eprint, load_policies
-from gpuwarden.policy.lint import lint_errors, lint_warnings
+from gpuwarden.commands._inputs import (
+    InputError,
+    add_policy_paths,
+    eprint,
+    load_policies,
+    read_documents,
+)
+from gpuwarden.policy import PolicySet
+from gpuwarden.policy.lint import (
+    OBJECT_PREFIX,
+    lint_errors,
+    lint_warnings,
+    object_overrides,
+    object_scope_warnings,
+)
+from gpuwarden.policy.pod import keys
+
+if TYPE_CHECKING:
+    from gpuwarden.kube.gpupolicies import PolicyObject
 
 HELP = (
     "Validate policy files; report errors (exit 1: invalid, or a tenant or rule that can never "
@@ -16,25 +36,101 @@ HELP = (
 def register(parser: argparse.ArgumentParser) -> None:
     add_policy_paths(parser)  # PATH ... and/or -p PATH, into args.paths
     parser.add_argument("--strict", action="store_true", help="Treat warnings as errors")
+    parser.add_argument(
+        "--objects",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="GPUPolicy objects as the cluster holds them (`kubectl get gpupolicies -o yaml`, "
+        "or their manifests; repeatable): lint them with the policy files as the webhook serves "
+        "them, and show what each one overrides in the files (the files are the chart's "
+        "policies)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     policies = load_policies(args.paths)
     if policies is None:
         return 1
-    errors = lint_errors(policies)
-    warnings = lint_warnings(policies)
+    served = policies
+    overrides: list[str] = []
+    errors: list[str] = []
+    warnings: list[str] = []
+    if args.objects:
+        try:
+            objects = _read_objects(args.objects)
+        except InputError as exc:
+            eprint(f"error: {exc}")
+            return 1
+        served, errors = _serve(policies, objects)
+        overrides = object_overrides(policies, served)
+        warnings = object_scope_warnings(policies, served)
+    errors += lint_errors(served)
+    warnings = lint_warnings(served) + warnings
     for line in errors:
         eprint(f"error: {line}")
     for line in warnings:
         eprint(f"warning: {line}")
-    profiles, rules, tenants = len(policies.profiles), len(policies.rules), len(policies.tenants)
+    for line in overrides:
+        print(f"override: {line}")
+    profiles, rules, tenants = len(served.profiles), len(served.rules), len(served.tenants)
     counts = (
-        f"{len(policies.policies)} policies, {profiles} profiles, {rules} rules, "
+        f"{len(served.policies)} policies, {profiles} profiles, {rules} rules, "
         f"{tenants} tenants, {len(warnings)} warnings"
     )
+    if args.objects:
+        counts += f", {len(overrides)} overrides by GPUPolicy objects"
     if errors:
         print(f"failed: {counts}, {len(errors)} errors")
         return 1
     print(f"ok: {counts}")
     return 1 if warnings and args.strict else 0
+
+
+def _read_objects(sources: Sequence[str]) -> dict[str, PolicyObject]:
+    """GPUPolicy objects by name, from manifests or a List (kubectl's ``-o yaml``)."""
+    from gpuwarden.kube.gpupolicies import policy_object
+
+    found: dict[str, PolicyObject] = {}
+    for source in sources:
+        for index, doc in enumerate(_items(read_documents(source))):
+            where = f"{source}: document {index + 1}"
+            if not isinstance(doc, Mapping) or doc.get("kind") != keys.POLICY_KIND:
+                kind = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+                raise InputError(f"{where}: not a {keys.POLICY_KIND} (kind {kind!r})")
+            obj = policy_object(doc)
+            if obj is None:
+                raise InputError(f"{where}: a {keys.POLICY_KIND} object needs metadata.name")
+            if obj.name in found:
+                raise InputError(f"{where}: {OBJECT_PREFIX}{obj.name} is given twice")
+            found[obj.name] = obj
+    return found
+
+
+def _items(docs: Sequence[Any]) -> list[Any]:
+    """The documents, each List (``kind: List``, ``GPUPolicyList``) replaced by its items."""
+    out: list[Any] = []
+    for doc in docs:
+        items = doc.get("items") if isinstance(doc, Mapping) else None
+        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
+            out += items if isinstance(items, list) else []
+        else:
+            out.append(doc)
+    return out
+
+
+def _serve(files: PolicySet, objects: Mapping[str, PolicyObject]) -> tuple[PolicySet, list[str]]:
+    """The set the webhook serves (gpuwarden.webhook.policies.compose: the files, then every
+    object that can join them in name order), and an error for each object it would refuse."""
+    from gpuwarden.webhook.policies import compose
+
+    composed = compose(files, objects)
+    errors = [
+        f"{OBJECT_PREFIX}{name} is not served: "
+        + "; ".join(
+            line.removeprefix(f"{OBJECT_PREFIX}{name}: ") for line in verdict.message.splitlines()
+        )
+        for name, verdict in sorted(composed.verdicts.items())
+        if not verdict.valid
+    ]
+    return composed.policies, errors

@@ -3,12 +3,20 @@ that can never apply (errors; the loader's errors come first)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from decimal import Decimal
+
+from pydantic.alias_generators import to_camel
+
 from gpuwarden.policy.pod.workloads import KATIB_INJECTION, KATIB_INJECTION_ENABLED
 from gpuwarden.policy.render.kueue import gpu_pools, shared_gpus_warnings, template_charge_errors
 from gpuwarden.policy.render.objects import tenant_plans
+from gpuwarden.policy.render.scope import review_scope
 from gpuwarden.policy.spec.backends import selects_shared_gpus
 from gpuwarden.policy.spec.model import (
     Backend,
+    Enforcement,
+    GPUPolicy,
     HamiBackend,
     KatibTrialMatch,
     LabelSelector,
@@ -17,11 +25,24 @@ from gpuwarden.policy.spec.model import (
     Profile,
     Tenant,
     VolcanoBackend,
+    WorkloadRule,
+    quantity_value,
 )
 from gpuwarden.policy.spec.policyset import PolicySet
-from gpuwarden.policy.spec.precedence import shadowed_rules, tenant_problems
+from gpuwarden.policy.spec.precedence import (
+    NAMESPACE_NAME_LABEL,
+    TenantMatch,
+    rule_covers,
+    rule_specificity,
+    rules_overlap,
+    selectors_overlap,
+    shadowed_rules,
+    tenant_problems,
+    why_rule_wins,
+    why_tenant_wins,
+)
 from gpuwarden.policy.spec.resolved import ResolvedProfile
-from gpuwarden.policy.spec.selectors import selector_matches
+from gpuwarden.policy.spec.selectors import describe_selector, selector_matches
 
 # The device plugin setting that advertises scaling x each GPU's memory, per backend: the only
 # way to overcommit GPU memory on Volcano vGPU and HAMi, where the request is the enforced cap.
@@ -315,4 +336,203 @@ def _kueue_queue_warnings(policies: PolicySet) -> list[str]:
                 f"{where}: queueSpec.deserved has no Kueue field; its share of the cohort is "
                 "its nominalQuota (quota.gpus), and fairSharing.weight (weight) for what it borrows"
             )
+    return warnings
+
+
+# --- GPUPolicy objects: what each one overrides in the policy files ----------------------------
+
+# How the webhook and its messages name a GPUPolicy object (gpuwarden.webhook.policies).
+OBJECT_PREFIX = "gpupolicy/"
+_LIMITS_AMOUNTS = ("max_gpus_per_pod", "max_gpu_memory_per_pod", "gpu_memory_quota")
+
+
+def _objects(files: PolicySet, served: PolicySet) -> list[GPUPolicy]:
+    """The policies of ``served`` that came from GPUPolicy objects: those not in ``files``."""
+    file_names = {policy.metadata.name for policy in files.policies}
+    return [policy for policy in served.policies if policy.metadata.name not in file_names]
+
+
+def object_overrides(files: PolicySet, served: PolicySet) -> list[str]:
+    """What each GPUPolicy object served with the policy files takes from them: the file
+    tenants it takes namespaces from (and the limits it raises there), and the file rules it
+    takes pods from (and the profile they get instead). ``served`` is the files with the
+    objects, as the webhook composes them; one line per override, naming the object."""
+    objects = {id(policy) for policy in _objects(files, served)}
+    owners = [(tenant, policy) for policy in served.policies for tenant in policy.spec.tenants]
+    lines: list[str] = []
+    for index, (tenant, policy) in enumerate(owners):
+        if id(policy) not in objects:
+            continue
+        for other_index, (other, other_policy) in enumerate(owners):
+            if id(other_policy) in objects:
+                continue
+            for what, where, why in _tenant_takeovers(tenant, index, other, other_index):
+                raised = _raised_limits(served, tenant, other)
+                lines.append(
+                    f"{OBJECT_PREFIX}{policy.metadata.name}: tenant {tenant.name} takes {what} "
+                    f"from tenant {other.name} (policy {other_policy.metadata.name}){where}: "
+                    f"{why}; "
+                    + (
+                        f"there it raises {', '.join(raised)}"
+                        if raised
+                        else "its limits there are no higher"
+                    )
+                )
+    rules = list(served.rules)
+    for rule, policy in rules:
+        if id(policy) not in objects:
+            continue
+        for earlier, earlier_policy in rules:
+            if id(earlier_policy) in objects or not _takes_pods(rule, earlier):
+                continue
+            which = "every pod it matches" if rule_covers(earlier, rule) else "the pods both match"
+            outcome = (
+                f"they get {_outcome(rule)} instead of {_outcome(earlier)}"
+                if _outcome(rule) != _outcome(earlier)
+                else f"they get the same {_outcome(rule)}, with this rule's other settings"
+            )
+            lines.append(
+                f"{OBJECT_PREFIX}{policy.metadata.name}: rule {rule.name} takes {which} from "
+                f"rule {earlier.name} (policy {earlier_policy.metadata.name}), in every "
+                f"namespace: {why_rule_wins(rule, earlier)}; {outcome}"
+            )
+    return lines
+
+
+def _tenant_takeovers(
+    tenant: Tenant, index: int, other: Tenant, other_index: int
+) -> list[tuple[str, str, str]]:
+    """(the namespaces, where, why) the object's tenant takes from a file's tenant, which
+    loads before it (precedence.py: a name beats a selector, a more specific selector a less)."""
+    out: list[tuple[str, str, str]] = []
+    theirs = TenantMatch(other, other_index, by_name=False)
+    selector = other.namespace_selector
+    if selector is not None:
+        named = [
+            ns
+            for ns in tenant.namespaces
+            if ns not in other.namespaces and selectors_overlap(selector, _named_namespace(ns))
+        ]
+        if named:
+            plural = len(named) > 1
+            out.append(
+                (
+                    f"namespace{'s' if plural else ''} {', '.join(named)}",
+                    f", wherever that tenant's namespaceSelector ({describe_selector(selector)}) "
+                    f"selects {'them' if plural else 'it'}",
+                    why_tenant_wins(TenantMatch(tenant, index, by_name=True), theirs),
+                )
+            )
+    mine = TenantMatch(tenant, index, by_name=False)
+    if (
+        tenant.namespace_selector is not None
+        and selector is not None
+        and selectors_overlap(tenant.namespace_selector, selector)
+        and mine.rank < theirs.rank
+    ):
+        out.append(
+            (
+                "the namespaces both select "
+                f"({describe_selector(tenant.namespace_selector)}; {describe_selector(selector)})",
+                ", but those that tenant lists by name" if other.namespaces else "",
+                why_tenant_wins(mine, theirs),
+            )
+        )
+    return out
+
+
+def _named_namespace(name: str) -> LabelSelector:
+    return LabelSelector(match_labels={NAMESPACE_NAME_LABEL: name})
+
+
+def _amount(value: int | str) -> Decimal:
+    return Decimal(value) if isinstance(value, int) else quantity_value(value)
+
+
+def _raised_limits(served: PolicySet, tenant: Tenant, other: Tenant) -> list[str]:
+    """What ``tenant`` allows that ``other`` did not, as `field old -> new`."""
+    mine, theirs = tenant.limits, other.limits
+    out: list[str] = []
+    for field in _LIMITS_AMOUNTS:
+        new, old = getattr(mine, field), getattr(theirs, field)
+        if old is not None and (new is None or _amount(new) > _amount(old)):
+            out.append(f"{to_camel(field)} {old} -> {new if new is not None else 'unlimited'}")
+    if theirs.allowed_profiles is not None:
+        added = sorted(set(mine.allowed_profiles or served.profiles) - set(theirs.allowed_profiles))
+        if added:
+            out.append(f"allowedProfiles adds {', '.join(added)}")
+    if theirs.require_shared and not mine.require_shared:
+        out.append("requireShared true -> false")
+    if mine.allow_resource_claims and not theirs.allow_resource_claims:
+        out.append("allowResourceClaims false -> true")
+    if tenant.allow_profile_label and not other.allow_profile_label:
+        out.append("allowProfileLabel false -> true")
+    for field in Enforcement.model_fields:
+        if getattr(other.enforcement, field) and not getattr(tenant.enforcement, field):
+            out.append(f"enforcement.{to_camel(field)} true -> false")
+    for name in served.profiles:
+        out += _raised_profile(name, served.resolve(name, other), served.resolve(name, tenant))
+    return out
+
+
+def _raised_profile(name: str, old: ResolvedProfile, new: ResolvedProfile) -> list[str]:
+    out: list[str] = []
+    if old.max_memory is not None and (new.max_memory is None or new.max_memory > old.max_memory):
+        out.append(
+            f"profile {name} maxMemory {old.max_memory_text} -> {new.max_memory_text or 'uncapped'}"
+        )
+    if new.gpus > old.gpus and new.gpus_set_by is not None:
+        out.append(f"profile {name} gpus {old.gpus} -> {new.gpus}")
+    old_threads, new_threads = old.thread_percentage or 100, new.thread_percentage or 100
+    if new_threads > old_threads:
+        out.append(f"profile {name} threadPercentage {old_threads} -> {new_threads}")
+    if new.priority > old.priority:
+        out.append(f"profile {name} priority {old.priority} -> {new.priority}")
+    return out
+
+
+def _takes_pods(rule: WorkloadRule, other: WorkloadRule) -> bool:
+    """Whether a later rule wins over an earlier one for some pod: the same kind, narrower,
+    and a pod may match both (rules of different kinds go by load order: the earlier wins)."""
+    return (
+        rule.match.kind == other.match.kind
+        and rule_specificity(rule.match) > rule_specificity(other.match)
+        and rules_overlap(rule, other)
+    )
+
+
+def _outcome(rule: WorkloadRule) -> str:
+    return "no profile (skip)" if rule.skip else f"profile {rule.profile}"
+
+
+def object_scope_warnings(files: PolicySet, served: PolicySet) -> list[str]:
+    """Object rules that may give GPUs to pods asking for none, for pods the webhooks are never
+    sent: the chart renders their CEL from its policy files alone (render/scope.py), so an
+    object never widens it."""
+    sent = review_scope(files)
+    if sent.every_pod:
+        return []
+    warnings: list[str] = []
+    objects = {id(policy) for policy in _objects(files, served)}
+    for rule, policy in served.rules:
+        if id(policy) not in objects:
+            continue
+        wanted = review_scope(replace(files, rules=((rule, policy),)))
+        missing = [f"label {key}" for key in wanted.label_keys if key not in sent.label_keys]
+        missing += [
+            f"annotation {key}" for key in wanted.annotation_keys if key not in sent.annotation_keys
+        ]
+        if wanted.every_pod:
+            unsent = "pods that carry nothing it could be sent by (its match names no label)"
+        elif missing:
+            unsent = f"pods known only by {', '.join(missing)}"
+        else:
+            continue
+        warnings.append(
+            f"{OBJECT_PREFIX}{policy.metadata.name}: rule {rule.name} may give GPUs to pods that "
+            f"ask for none, but the webhooks' CEL, which the chart renders from its policy files "
+            f"alone, does not send {unsent}: such pods are admitted without gpuwarden and the "
+            "rule never applies to them; put the rule in the chart's policies, or set "
+            "requireGpuRequest"
+        )
     return warnings

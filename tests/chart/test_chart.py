@@ -537,6 +537,18 @@ def test_rbac_verbs(default: Rendering) -> None:
     assert default.all("Role") == []
 
 
+def test_no_role_of_the_chart_may_write_gpupolicies(renderings: dict[str, Rendering]) -> None:
+    """Writing GPUPolicy is cluster-wide GPU admin (docs/policies.md): the chart grants it to
+    nobody, under any values, and aggregates none of its roles into admin, edit or Kubeflow's."""
+    for name, rendering in renderings.items():
+        for role in [*rendering.all("ClusterRole"), *rendering.all("Role")]:
+            labels = role["metadata"].get("labels") or {}
+            assert not [k for k in labels if "aggregate-to" in k], (name, role["metadata"])
+            for rule in role.get("rules") or []:
+                if "gpupolicies" in rule.get("resources", []):
+                    assert set(rule["verbs"]) <= {"get", "list", "watch"}, (name, rule)
+
+
 def _webhook_serves_gpupolicies(rendering: Rendering) -> bool:
     """Whether `gpuwarden serve`, given the Deployment's arguments, watches GPUPolicy objects."""
     container = rendering.one("Deployment")["spec"]["template"]["spec"]["containers"][0]

@@ -421,6 +421,42 @@ def _match_covers(broad: Matcher, narrow: Matcher) -> bool:
     return bool(thin[0]) and all(any(_pattern_covers(b, n) for b in wide[0]) for n in thin[0])
 
 
+def _patterns_overlap(a: str, b: str) -> bool:
+    """Whether some name matches both patterns (conservative: two globs overlap unless their
+    literal prefixes differ)."""
+    if not _is_glob(a):
+        return fnmatchcase(a, b) if _is_glob(b) else a == b
+    if not _is_glob(b):
+        return fnmatchcase(b, a)
+    cut_a = min(a.index(c) for c in _GLOB if c in a)
+    cut_b = min(b.index(c) for c in _GLOB if c in b)
+    return a[:cut_a].startswith(b[:cut_b]) or b[:cut_b].startswith(a[:cut_a])
+
+
+def rules_overlap(a: WorkloadRule, b: WorkloadRule) -> bool:
+    """Whether one pod may match both rules' matchers (conservative: true unless they cannot)."""
+    first, second = a.match, b.match
+    if isinstance(first, SelectorMatch) and isinstance(second, SelectorMatch):
+        return (
+            (
+                not first.namespaces
+                or not second.namespaces
+                or bool(set(first.namespaces) & set(second.namespaces))
+            )
+            and selectors_overlap(first.namespace_selector, second.namespace_selector)
+            and selectors_overlap(first.labels, second.labels)
+            and all(second.annotations.get(k, v) == v for k, v in first.annotations.items())
+        )
+    if isinstance(first, SelectorMatch) or isinstance(second, SelectorMatch):
+        return True
+    if type(first) is not type(second):
+        return False
+    one, other = _names(first), _names(second)
+    if one is None or other is None or not one[0] or not other[0]:
+        return True
+    return any(_patterns_overlap(x, y) for x in one[0] for y in other[0])
+
+
 def rule_covers(broad: WorkloadRule, narrow: WorkloadRule) -> bool:
     """Whether every pod ``narrow`` matches (its GPU conditions included), ``broad`` matches."""
     broad_wants = broad.require_gpu_request or broad.max_gpu_request is not None
