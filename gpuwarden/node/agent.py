@@ -295,8 +295,9 @@ class NodeAgent:
         except mps.MpsError as exc:
             return False, str(exc)
 
-    def _mps_status(self, errors: list[str]) -> tuple[bool, list[MpsServer], bool]:
-        """Health, the servers and their clients, and whether limits must all be set again."""
+    def _mps_status(self, errors: list[str]) -> tuple[bool, list[MpsServer] | None, bool]:
+        """Health, the servers and their clients (None: the daemon did not list them), and
+        whether limits must all be set again."""
         assert self.mps is not None
         state = self._state
         healthy, reply = self._healthy()
@@ -312,7 +313,7 @@ class NodeAgent:
                 errors.append(f"could not restart the MPS control daemon: {exc}")
             healthy, reply = self._healthy()
         if not healthy:
-            return False, [], False
+            return False, None, False
         pid = self.mps.daemon_pid()
         if pid is not None and state.daemon_pid is not None and pid != state.daemon_pid:
             state.needs_reapply = True
@@ -334,7 +335,7 @@ class NodeAgent:
             server_pids = mps.parse_pids(self.mps.send(mps.GET_SERVER_LIST))
         except mps.MpsError as exc:
             errors.append(str(exc))
-            return True, [], reapplied
+            return True, None, reapplied
         for server in server_pids:
             try:
                 clients = mps.parse_pids(self.mps.send(mps.get_client_list(server)))
@@ -618,12 +619,13 @@ class NodeAgent:
         self._forget_gone(infos)
 
         healthy: bool | None = None
-        servers: list[MpsServer] = []
+        listed: list[MpsServer] | None = None  # None: no server list to hold names to
         reapplied = False
         if self.uses_mps:
-            healthy, servers, reapplied = self._mps_status(errors)
-            live = {server.pid for server in servers}
+            healthy, listed, reapplied = self._mps_status(errors)
+            live = {server.pid for server in listed or []}
             self._state.terminated = {t for t in self._state.terminated if t[0] in live}
+        servers = listed or []
         procs, used = self._observe(known, servers, errors)
 
         commands: list[str] = []
@@ -636,8 +638,8 @@ class NodeAgent:
             self._hard_limits(pods, errors)
 
         found = limits.violations(procs, known)
-        listed = frozenset(s.pid for s in servers) if self.uses_mps and healthy else None
-        ungranted = limits.ungranted_uses(procs, known, listed)
+        server_pids = None if listed is None else frozenset(s.pid for s in listed)
+        ungranted = limits.ungranted_uses(procs, known, server_pids)
         placement = limits.place_pods([d.index for d in self.managed], pods, procs)
         over = limits.oversubscriptions(self.managed, pods, placement)
         unknown = limits.unknown_processes(procs)

@@ -20,7 +20,14 @@ import pytest
 from kubernetes import client as k8s_client
 
 from gpuwarden.kube.node_pods import NodeCluster
-from gpuwarden.node.agent import REASON_CAP_EXCEEDED, AgentConfig, NodeAgent, run_loop, run_once
+from gpuwarden.node.agent import (
+    REASON_CAP_EXCEEDED,
+    REASON_UNGRANTED,
+    AgentConfig,
+    NodeAgent,
+    run_loop,
+    run_once,
+)
 from gpuwarden.node.fake import FakeNvml
 from gpuwarden.node.mps import ProcessMpsControl
 from gpuwarden.node.procfs import ProcFs
@@ -262,6 +269,38 @@ def test_a_full_pass_reports_and_evicts_a_pod_over_its_cap(
     assert "container main uses 6.00 GiB of GPU memory on GPU 0" in event.message
     assert "the agent evicts the pod" in event.message
     assert core.read_namespaced_pod("notebook", namespace).metadata.deletion_timestamp is not None
+
+
+def test_a_full_pass_reports_and_evicts_a_cpu_pod_on_a_gpu(
+    core: k8s_client.CoreV1Api,
+    namespace: str,
+    node: str,
+    cluster: NodeCluster,
+    control: ProcessMpsControl,
+    fake_mps: FakeMps,
+    proc: FakeProc,
+) -> None:
+    """A pod that asks for no GPU and that gpuwarden gave none (an image with
+    ENV NVIDIA_VISIBLE_DEVICES=all) is found by its process, told in an Event and evicted."""
+    cid = container_id(0xC9)
+    cpu_pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "env-all"},
+        "spec": {"containers": [{"name": "main", "image": "registry.invalid/env-all:1"}]},
+    }
+    uid = create(core, namespace, cpu_pod, node)["metadata"]["uid"]
+    running(core, namespace, "env-all", cid, cluster)
+    agent = evicting_agent(node, control, fake_mps, proc, uid=uid, cid=cid, pid=9002)
+
+    run_once(agent, cluster)
+    [event] = core.list_namespaced_event(
+        namespace, field_selector=f"involvedObject.uid={uid},reason={REASON_UNGRANTED}"
+    ).items
+    assert event.message.startswith(f"container main of pod {namespace}/env-all uses GPU 0")
+    assert "but was granted no GPU" in event.message
+    assert event.message.endswith("; the agent evicts the pod")
+    assert core.read_namespaced_pod("env-all", namespace).metadata.deletion_timestamp is not None
 
 
 def test_the_loop_keeps_ticking_until_stopped(

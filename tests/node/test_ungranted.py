@@ -205,3 +205,16 @@ def test_a_pod_asking_zero_gpus_was_granted_none(
     nvml.run(0, 9100, GiB, mps_client=False)
     report = agent.tick([plain_pod(resources={"limits": {"nvidia.com/gpu": "0"}})])
     assert [u.container for u in report.ungranted] == ["main"]
+
+
+def test_the_mps_servers_the_daemon_lists_are_not_reported_from_the_pod_that_runs_them(
+    nvml: FakeNvml, control: ProcessMpsControl, proc: FakeProc, fake_mps: FakeMps
+) -> None:
+    """The agent's own pod (or the device plugin's) asks for no GPU and runs the MPS servers."""
+    agent = agent_for(nvml, control, proc)
+    fake_mps.add_server(SERVER, uid=1000)
+    proc.add_pod_process(SERVER, UID_CPU, CID_MAIN)
+    (proc.root / str(SERVER) / "comm").write_text("nvidia-cuda-mps\n")
+    nvml.run(0, SERVER, 300 * 2**20, mps_client=False)
+    report = agent.tick([plain_pod("gpuwarden-node-agent")])
+    assert report.ungranted == () and report.actions == ()

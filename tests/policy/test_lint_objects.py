@@ -16,6 +16,8 @@ from gpuwarden.policy import load_paths
 from gpuwarden.policy.lint import object_overrides, object_scope_warnings
 from gpuwarden.policy.render.scope import review_scope
 from gpuwarden.policy.spec.loader import load_objects
+from gpuwarden.policy.spec.model import WorkloadRule
+from gpuwarden.policy.spec.precedence import rules_overlap
 
 from .support import EXAMPLES, POLICIES
 
@@ -247,3 +249,62 @@ def test_objects_that_are_not_gpupolicies_are_named(
     code, _, err = lint(capsys, str(DEFAULT), "--objects", str(path))
     assert code == 1
     assert err == [f"error: {path}: {message}"]
+
+
+def _rule(match: dict[str, Any]) -> WorkloadRule:
+    return WorkloadRule.model_validate({"name": "r", "match": match, "profile": "p"})
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "overlap"),
+    [
+        ({"kind": "katib-trial", "experiments": ["a"]}, {"kind": "katib-trial"}, True),
+        (
+            {"kind": "katib-trial", "experiments": ["a"]},
+            {"kind": "katib-trial", "experiments": ["b"]},
+            False,
+        ),
+        (
+            {"kind": "katib-trial", "experiments": ["vision-a"]},
+            {"kind": "katib-trial", "experiments": ["vision-*"]},
+            True,
+        ),
+        (
+            {"kind": "katib-trial", "experiments": ["nlp-a"]},
+            {"kind": "katib-trial", "experiments": ["vision-*"]},
+            False,
+        ),
+        (
+            {"kind": "katib-trial", "experiments": ["vision-*"]},
+            {"kind": "katib-trial", "experiments": ["vis*"]},
+            True,
+        ),
+        (
+            {"kind": "katib-trial", "experiments": ["vision-*"]},
+            {"kind": "katib-trial", "experiments": ["nlp-*"]},
+            False,
+        ),
+        ({"kind": "katib-trial"}, {"kind": "notebook"}, False),
+        ({"kind": "notebook"}, {"kind": "selector", "labels": {"matchLabels": {"a": "1"}}}, True),
+        (
+            {"kind": "selector", "labels": {"matchLabels": {"a": "1"}}},
+            {"kind": "selector", "labels": {"matchLabels": {"a": "2"}}},
+            False,
+        ),
+        (
+            {"kind": "selector", "namespaces": ["x"]},
+            {"kind": "selector", "namespaces": ["y"]},
+            False,
+        ),
+        (
+            {"kind": "selector", "annotations": {"k": "1"}},
+            {"kind": "selector", "annotations": {"k": "1"}, "namespaces": ["y"]},
+            True,
+        ),
+    ],
+)
+def test_rules_overlap_unless_no_pod_can_match_both(
+    first: dict[str, Any], second: dict[str, Any], overlap: bool
+) -> None:
+    assert rules_overlap(_rule(first), _rule(second)) is overlap
+    assert rules_overlap(_rule(second), _rule(first)) is overlap
