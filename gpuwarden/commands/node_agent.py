@@ -65,7 +65,8 @@ def _node_options(parser: argparse.ArgumentParser) -> None:
         "--on-violation",
         choices=ON_VIOLATION,
         default="event",
-        help="beyond an Event and a metric: terminate the MPS client, or evict the pod",
+        help="for a container over its cap or using a GPU it was not granted, beyond an Event "
+        "and a metric: terminate its MPS clients, or evict the pod",
     )
 
 
