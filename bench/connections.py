@@ -17,6 +17,14 @@ nobody reaches: what the shared read buffer and the deferred handshake alone sav
 with `git archive` and served the same way.
 
 Run: `python bench/connections.py` (about a minute); `--before HEAD` adds the revision's column.
+
+`--attack` measures something else (issue 29): the latency of reviews that a few clients send
+back to back (one keep-alive HTTPS connection each, POST /mutate of a Notebook pod) for a few
+seconds, first alone, then while N attacker connections each declare the largest body
+(6 MiB) to /validate, send one byte and wait (reconnecting whenever the server closes them): p50
+and p99 in milliseconds, and the reviews refused (any answer but 200, or none within 15 s).
+`python bench/connections.py --attack --before REF` (about 30 s) prints the two trees side by
+side.
 """
 
 from __future__ import annotations
@@ -288,7 +296,20 @@ def main() -> int:
         "--kinds", default="tcp,tls,body", help="of tcp, tls and body (default: all three)"
     )
     parser.add_argument("--before", metavar="REF", help="also serve this git revision's tree")
+    parser.add_argument(
+        "--attack",
+        type=int,
+        nargs="?",
+        const=24,
+        metavar="N",
+        help="measure review latency alone and with N stalled-body connections (default 24)",
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="--attack: how long to send reviews each time"
+    )
     args = parser.parse_args()
+    if args.attack is not None:
+        return attack_main(args.attack, args.seconds, args.before)
     levels: list[int] = sorted(args.levels)
     kinds = [kind for kind in args.kinds.split(",") if kind]
     open_files = raise_open_file_limit()
@@ -321,6 +342,149 @@ def main() -> int:
                     flush=True,
                 )
     print_table(rows, levels)
+    return 0
+
+
+# --- --attack: declared-but-unsent bodies ---------------------------------------------------
+
+ATTACK_HEAD = (
+    b"POST /validate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    + f"Content-Length: {BODY_ANNOUNCED}\r\n\r\n{{".encode()
+)
+REVIEW_CLIENTS = 4
+REVIEW_TIMEOUT = 15.0
+
+
+@dataclass
+class AttackRow:
+    variant: str
+    attackers: int
+    latencies_ms: list[float] = field(default_factory=list)
+    refused: int = 0
+
+    def percentile(self, share: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        if not ordered:
+            return float("nan")
+        return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+async def attacker(port: int, ctx: ssl.SSLContext, stop: asyncio.Event) -> None:
+    """One connection declaring the largest body and sending one byte of it; again whenever
+    the server closes it."""
+    while not stop.is_set():
+        try:
+            reader, writer = await asyncio.open_connection(
+                "127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1"
+            )
+        except (OSError, ssl.SSLError):
+            await asyncio.sleep(0.05)
+            continue
+        writer.write(ATTACK_HEAD)
+        reading = asyncio.ensure_future(reader.read())
+        stopping = asyncio.ensure_future(stop.wait())
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        for task in (reading, stopping):
+            task.cancel()
+        writer.close()
+
+
+async def review_client(
+    port: int, ctx: ssl.SSLContext, request: bytes, until: float, row: AttackRow
+) -> None:
+    """Reviews back to back on one keep-alive connection (a new one after a refusal)."""
+    conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+    while time.monotonic() < until:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(REVIEW_TIMEOUT):
+                if conn is None:
+                    conn = await asyncio.open_connection(
+                        "127.0.0.1", port, ssl=ctx, server_hostname="127.0.0.1"
+                    )
+                reader, writer = conn
+                writer.write(request)
+                status = int((await reader.readline()).split()[1])
+                length = 0
+                while (line := await reader.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    if name.strip().lower() == "content-length":
+                        length = int(value)
+                await reader.readexactly(length)
+        except (OSError, ssl.SSLError, IndexError, ValueError, TimeoutError):
+            status = 0
+        row.latencies_ms.append((time.perf_counter() - started) * 1000)
+        if status != 200:
+            row.refused += 1
+            if conn is not None:
+                conn[1].close()
+            conn = None
+    if conn is not None:
+        conn[1].close()
+
+
+async def attack_run(
+    variant: str, port: int, ctx: ssl.SSLContext, attackers: int, seconds: float
+) -> AttackRow:
+    body = (ROOT / "examples" / "admissionreview-notebook.json").read_bytes()
+    request = (
+        b"POST /mutate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    row = AttackRow(variant, attackers)
+    stop = asyncio.Event()
+    attacks = [asyncio.ensure_future(attacker(port, ctx, stop)) for _ in range(attackers)]
+    await asyncio.sleep(1 if attackers else 0)  # the attackers' requests are in
+    until = time.monotonic() + seconds
+    await asyncio.gather(
+        *(review_client(port, ctx, request, until, row) for _ in range(REVIEW_CLIENTS))
+    )
+    stop.set()
+    await asyncio.gather(*attacks, return_exceptions=True)
+    return row
+
+
+def attack_main(attackers: int, seconds: float, before: str | None) -> int:
+    if (os.cpu_count() or 1) > 1:
+        os.sched_setaffinity(0, {1})
+    rows: list[AttackRow] = []
+    with tempfile.TemporaryDirectory(prefix="gpuwarden-bench-attack-") as tmp:
+        work = Path(tmp)
+        certs = issue_directory(work / "certs", ServingNames(("localhost",), ("127.0.0.1",)))
+        ctx = ssl.create_default_context(cafile=str(certs.ca_cert))
+        variants = [Variant("gpuwarden", ROOT)]
+        if before:
+            variants.append(Variant(f"before ({before})", extract(before, work)))
+        for variant in variants:
+            for count in (0, attackers):
+                port = free_port()
+                log = work / f"attack-{len(rows)}.log"
+                with served(variant, port, ctx, certs.tls_cert, certs.tls_key, log):
+                    row = asyncio.run(attack_run(variant.name, port, ctx, count, seconds))
+                rows.append(row)
+                print(
+                    f"{variant.name}, {count} attackers: {len(row.latencies_ms)} reviews",
+                    flush=True,
+                )
+    width = max(len(row.variant) for row in rows) + 2
+    print(
+        f"\nReviews from {REVIEW_CLIENTS} clients for {seconds:g} s, alone and while N "
+        f"connections declare {BODY_ANNOUNCED:,}-byte bodies and send one byte"
+    )
+    print(
+        f"{'server':<{width}}{'N':>4}{'reviews':>9}{'p50 ms':>10}{'p99 ms':>10}"
+        f"{'refused':>9}{'p50 vs alone':>14}"
+    )
+    alone: dict[str, float] = {}
+    for row in rows:
+        p50 = row.percentile(0.5)
+        alone.setdefault(row.variant, p50)
+        print(
+            f"{row.variant:<{width}}{row.attackers:>4}{len(row.latencies_ms):>9}{p50:>10.1f}"
+            f"{row.percentile(0.99):>10.1f}{row.refused:>9}{p50 / alone[row.variant]:>13.2f}x"
+        )
     return 0
 
 

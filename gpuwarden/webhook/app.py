@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import datetime
+import itertools
 import logging
 import os
 import time
@@ -41,9 +43,15 @@ class Settings:
     # Answer before the API server gives up (the webhook's timeoutSeconds, 10 s by default).
     deadline: float = 8.0
     max_body: int = DEFAULT_MAX_BODY
-    # Bytes of request bodies being read or evaluated at once, over all connections; a request
-    # waits (within its deadline) for its Content-Length's worth, or max_body's if unknown.
+    # Bytes of request bodies being read or evaluated at once, over all connections: a request
+    # holds what it has received of its body (see BodyBudget), and waits (within its deadline)
+    # for room when that does not fit.
     max_body_in_flight: int = DEFAULT_BODY_BYTES_IN_FLIGHT
+    # A body must be in within body_grace seconds of its headers, plus its declared size (or
+    # max_body's, if chunked) at body_min_rate bytes a second; later, the client has stalled
+    # and gets 408. The API server sends a review whole, at once.
+    body_grace: float = 1.0
+    body_min_rate: float = 1024 * 1024
     # Longest wait for a live read of a namespace the watch cache has not seen (at most half
     # of what is left of the deadline).
     namespace_lookup_timeout: float = 2.0
@@ -51,56 +59,172 @@ class Settings:
     require_client_certificate: bool = False
 
 
+class BodyRefused(Exception):
+    """A wait for room under --max-body-bytes-in-flight that ended without it."""
+
+
+def _nothing() -> None:
+    pass
+
+
+class BodyShare:
+    """One request's part of the budget while its body arrives piece by piece."""
+
+    __slots__ = ("age", "evict", "evicted", "held")
+
+    def __init__(self, age: int) -> None:
+        self.age = age
+        self.held = 0
+        # Ends the request's body read at once (it is answered 408 and its connection closed).
+        self.evict: Callable[[], None] = _nothing
+        # Evicted, or refused for an older request: its bytes are on their way back.
+        self.evicted = False
+
+
+class _Wait:
+    __slots__ = ("age", "granted", "need", "share")
+
+    def __init__(self, age: int, need: int, share: BodyShare | None) -> None:
+        self.age = age
+        self.need = need
+        self.share = share
+        self.granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+
 class BodyBudget:
     """Bytes of request bodies that may be held at once: memory stays bounded however many
-    requests arrive together. A request takes its share before reading its body and gives it
-    back once answered; one that does not fit waits. Whatever fits goes, so small reviews are
-    not held up behind a large one (which the connection cap keeps from starving: a thousand
-    typical reviews take a fraction of the default budget).
+    requests arrive together, and a client that does not send its body holds none of it.
+
+    A body already in when its request is handled takes its size; one still arriving takes
+    each piece as it comes (a share), so a request that declares a large body and sends little
+    holds little. A request that does not fit waits (within its deadline), the oldest first,
+    though whatever fits goes, so small reviews are not held up behind a large one. Room is
+    made for a request whose body is complete by closing the requests whose bodies wait on
+    their client, the one that received a byte longest ago first (never one being answered).
+    Should every byte held belong to requests waiting here, the youngest of them are refused
+    until the oldest fits (one body of the largest size always fits on its own).
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
-        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        # In age order (oldest first), not arrival order.
+        self._waiting: list[_Wait] = []
+        # Shares whose request waits on its client for more of its body, the one that received
+        # a byte longest ago first: the ones closed to make room.
+        self._on_client: collections.OrderedDict[BodyShare, None] = collections.OrderedDict()
+        # Held by evicted or refused requests, given back as their handlers end.
+        self._coming_back = 0
+        self._ages = itertools.count()
 
     @property
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def try_take(self, share: int) -> bool:
-        """Take the share now if it fits."""
-        if self.held + share > self.limit:
+    def share(self) -> BodyShare:
+        """A share for a request whose body is still arriving (give it back with close())."""
+        return BodyShare(next(self._ages))
+
+    def try_take(self, size: int) -> bool:
+        """Take the bytes now if they fit."""
+        if self.held + size > self.limit:
             return False
-        self.held += share
+        self.held += size
         return True
 
-    async def take(self, share: int) -> None:
-        """Wait until the share fits (cancel the wait to give up)."""
-        if self.try_take(share):
-            return
-        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        entry = (share, granted)
-        self._waiting.append(entry)
-        try:
-            await granted
-        except BaseException:
-            if granted.done() and not granted.cancelled():
-                self.give_back(share)  # granted as the wait was cancelled: pass it on
-            else:
-                self._waiting.remove(entry)
-            raise
+    async def take(self, size: int, *, make_room: bool = False) -> None:
+        """Wait until the bytes fit (cancel the wait to give up); with ``make_room`` (a body
+        that is in whole), close requests whose bodies wait on their client to make room."""
+        if not self.try_take(size):
+            await self._wait(_Wait(next(self._ages), size, None), make_room)
 
-    def give_back(self, share: int) -> None:
-        self.held -= share
+    def try_add(self, share: BodyShare, size: int) -> bool:
+        """Add the bytes to the share now if they fit."""
+        if self.held + size > self.limit:
+            return False
+        self.held += size
+        share.held += size
+        return True
+
+    async def add(self, share: BodyShare, size: int, *, make_room: bool) -> None:
+        """Wait until the bytes fit, as take(), and add them to the share; raises BodyRefused
+        if the share must give way to an older one (see the class)."""
+        if not self.try_add(share, size):
+            await self._wait(_Wait(share.age, size, share), make_room)
+
+    def awaiting_client(self, share: BodyShare) -> None:
+        """The share's request waits for more of its body (from now: the latest to have
+        received a byte)."""
+        self._on_client[share] = None
+
+    def received(self, share: BodyShare) -> None:
+        self._on_client.pop(share, None)
+
+    def close(self, share: BodyShare) -> None:
+        """The share's request has been answered (or has given up): its bytes come back."""
+        self._on_client.pop(share, None)
+        if share.evicted:
+            self._coming_back -= share.held
+        held, share.held = share.held, 0
+        self.give_back(held)
+
+    def give_back(self, size: int) -> None:
+        self.held -= size
         if not self._waiting:
             return
         for entry in list(self._waiting):
-            share_waiting, granted = entry
-            if self.held + share_waiting <= self.limit:
-                self._waiting.remove(entry)
-                self.held += share_waiting
-                granted.set_result(None)
+            if self.held + entry.need <= self.limit:
+                self._grant(entry)
+        self._break_deadlock()
+
+    async def _wait(self, entry: _Wait, make_room: bool) -> None:
+        if make_room:
+            self._make_room(entry.need)
+        bisect.insort(self._waiting, entry, key=lambda wait: wait.age)
+        self._break_deadlock()
+        try:
+            await entry.granted
+        except BaseException:
+            granted = entry.granted
+            if not granted.done() or granted.cancelled():
+                if entry in self._waiting:
+                    self._waiting.remove(entry)
+            elif granted.exception() is None and entry.share is None:
+                self.give_back(entry.need)  # granted as the wait was cancelled: pass it on
+            raise
+
+    def _grant(self, entry: _Wait) -> None:
+        self._waiting.remove(entry)
+        self.held += entry.need
+        if entry.share is not None:
+            entry.share.held += entry.need
+        entry.granted.set_result(None)
+
+    def _make_room(self, size: int) -> None:
+        """Evict requests waiting on their client until ``size`` bytes will have come back."""
+        while self.limit - self.held + self._coming_back < size and self._on_client:
+            share, _ = self._on_client.popitem(last=False)
+            self._give_way(share)
+            share.evict()
+
+    def _give_way(self, share: BodyShare) -> None:
+        share.evicted = True
+        self._coming_back += share.held
+
+    def _break_deadlock(self) -> None:
+        """Refuse the youngest waiting requests that hold bytes, while every byte held is
+        theirs (so none would come back) and the oldest waiting does not fit."""
+        while self._waiting and not self._coming_back:
+            holders = [entry for entry in self._waiting if entry.share and entry.share.held]
+            if not holders or sum(entry.share.held for entry in holders if entry.share) < self.held:
+                return
+            youngest = holders[-1]
+            if youngest is self._waiting[0]:
+                return  # the oldest holds it all and still waits: it cannot happen (see above)
+            assert youngest.share is not None
+            self._waiting.remove(youngest)
+            self._give_way(youngest.share)
+            youngest.granted.set_exception(BodyRefused())
 
 
 class RequestObserver:
@@ -283,13 +407,18 @@ class AdmissionHandler:
             )
         return error
 
-    def _refuse(self, status: int, message: str) -> web.Response:
+    def _refuse(self, status: int, message: str, *, close: bool = False) -> web.Response:
+        """A refusal; ``close`` for one whose body is left unread (the connection then closes
+        at once, rather than read on while aiohttp lingers)."""
         self.ctx.metrics.bad_requests.labels(self.endpoint, str(status)).inc()
         log.info(
             "bad admission request",
             extra={"fields": {"endpoint": self.endpoint, "status": status, "error": message}},
         )
-        return _text(status, f"{self.endpoint}: {message}")
+        response = _text(status, f"{self.endpoint}: {message}")
+        if close:
+            response.force_close()
+        return response
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         """The route's handler, guarded as _no_tracebacks guards the others, in one coroutine
@@ -308,17 +437,7 @@ class AdmissionHandler:
         try:
             response = self._unreadable(request)
             if response is None:
-                bodies = ctx.bodies
-                # A chunked body's size is known only once read: count the most it may be.
-                length = request.content_length
-                share = length if length is not None else ctx.settings.max_body
-                if not bodies.try_take(share):
-                    response = await self._wait_for_room(share, started)
-                if response is None:
-                    try:
-                        response = await self._answer(request, started, observer)
-                    finally:
-                        bodies.give_back(share)
+                response = await self._answer(request, started, observer)
             if ctx.draining:
                 response.force_close()
             return response
@@ -350,47 +469,143 @@ class AdmissionHandler:
             )
         return None
 
-    async def _wait_for_room(self, share: int, started: float) -> web.Response | None:
-        """Wait (within the deadline) for the share of --max-body-bytes-in-flight; None once
-        it is held, or the refusal."""
-        settings = self.ctx.settings
-        bodies = self.ctx.bodies
+    def _at_the_limit(self) -> str:
+        return (
+            f"request bodies in flight are at the limit of {self.ctx.bodies.limit} bytes "
+            "(--max-body-bytes-in-flight) and none finished within the deadline"
+        )
+
+    async def _wait_for_room(self, size: int, started: float) -> web.Response | None:
+        """Wait (within the deadline) for room for a body that is in whole, closing requests
+        whose bodies wait on their client to make it; None once held, or the refusal."""
         self.ctx.metrics.body_waits.inc()
         try:
-            async with asyncio.timeout(settings.deadline - (time.perf_counter() - started)):
-                await bodies.take(share)
+            async with asyncio.timeout(
+                self.ctx.settings.deadline - (time.perf_counter() - started)
+            ):
+                await self.ctx.bodies.take(size, make_room=True)
         except TimeoutError:
-            return self._refuse(
-                503,
-                f"request bodies in flight are at the limit of {bodies.limit} bytes "
-                f"(--max-body-bytes-in-flight) and none finished within the deadline",
-            )
+            return self._refuse(503, self._at_the_limit())
         return None
 
     async def _answer(
         self, request: web.Request, started: float, observer: RequestObserver | None
     ) -> web.Response:
         settings = self.ctx.settings
+        bodies = self.ctx.bodies
         content = request.content
+        if content.is_eof():
+            # All there: taken as it lies, without aiohttp's copy into a bytearray and out
+            # again, or a timer to arm and cancel. aiohttp's read() refuses a body over
+            # client_max_size (--max-body-bytes); so does this.
+            body = content.read_nowait()
+            size = len(body)
+            if size > settings.max_body:
+                return self._refuse(
+                    413, f"request body is over the limit of {settings.max_body} bytes"
+                )
+            if not bodies.try_take(size):
+                refusal = await self._wait_for_room(size, started)
+                if refusal is not None:
+                    return refusal
+            try:
+                return await self._decide(body, started, observer)
+            finally:
+                bodies.give_back(size)
+        share = bodies.share()
         try:
-            if content.is_eof():
-                # All there: taken as it lies, without aiohttp's copy into a bytearray and out
-                # again, or a timer to arm and cancel. aiohttp's read() refuses a body over
-                # client_max_size (--max-body-bytes); so does this.
-                body = content.read_nowait()
-                if len(body) > settings.max_body:
-                    raise web.HTTPRequestEntityTooLarge(settings.max_body, len(body))
-            else:
-                async with asyncio.timeout(settings.deadline):
-                    body = await request.read()
-        except web.HTTPRequestEntityTooLarge:
-            return self._refuse(413, f"request body is over the limit of {settings.max_body} bytes")
+            read = await self._read(request, share, started)
+            if isinstance(read, web.Response):
+                return read
+            return await self._decide(read, started, observer)
+        finally:
+            bodies.close(share)
+
+    async def _read(
+        self, request: web.Request, share: BodyShare, started: float
+    ) -> bytes | web.Response:
+        """A body still arriving, read as it comes, each piece taken from the budget; or the
+        refusal (408 for a client that stalls, or whose request was closed to make room)."""
+        settings = self.ctx.settings
+        bodies = self.ctx.bodies
+        content = request.content
+        length = request.content_length
+        expected = length if length is not None else settings.max_body
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        deadline = now + settings.deadline - (time.perf_counter() - started)
+        allowed = min(settings.body_grace + expected / settings.body_min_rate, deadline - now)
+        body_due = now + allowed
+        chunks: list[bytes] = []
+        size = 0
+        waiting_for_room = False
+        try:
+            async with asyncio.timeout_at(body_due) as timer:
+                share.evict = lambda: timer.reschedule(loop.time())
+                while True:
+                    bodies.awaiting_client(share)
+                    try:
+                        chunk = await content.readany()
+                    finally:
+                        bodies.received(share)
+                    if not chunk:
+                        break
+                    size += len(chunk)
+                    if size > settings.max_body:
+                        return self._refuse(
+                            413,
+                            f"request body is over the limit of {settings.max_body} bytes",
+                            close=True,
+                        )
+                    chunks.append(chunk)
+                    if size <= share.held or bodies.try_add(share, size - share.held):
+                        continue
+                    # No room for this piece: wait for it (up to the deadline; the client's
+                    # own clock stops meanwhile). Only for what is in: a client that stalls
+                    # after a wait holds no more than it has sent.
+                    self.ctx.metrics.body_waits.inc()
+                    waiting_for_room, since = True, loop.time()
+                    timer.reschedule(deadline)
+                    await bodies.add(share, size - share.held, make_room=content.is_eof())
+                    waiting_for_room = False
+                    body_due = min(deadline, body_due + loop.time() - since)
+                    timer.reschedule(body_due)
         except TimeoutError:
-            return self._refuse(408, f"request body not received within {settings.deadline:g}s")
+            if share.evicted:
+                self.ctx.metrics.body_evictions.inc()
+                return self._refuse(
+                    408,
+                    "request body still arriving while others, complete, waited for room "
+                    "under --max-body-bytes-in-flight: closed to make room (a client sends "
+                    "its review at once)",
+                    close=True,
+                )
+            if waiting_for_room:
+                return self._refuse(503, self._at_the_limit(), close=True)
+            return self._refuse(
+                408,
+                f"request body of {expected} bytes not received within {allowed:.3g}s "
+                "(a client sends its review at once)",
+                close=True,
+            )
+        except BodyRefused:
+            return self._refuse(
+                503,
+                f"request bodies in flight are at the limit of {bodies.limit} bytes "
+                "(--max-body-bytes-in-flight), held by requests older than this one",
+                close=True,
+            )
         except RequestPayloadError as exc:  # a body that does not match its Content-Encoding
-            return self._refuse(400, f"request body cannot be read: {exc}")
+            return self._refuse(400, f"request body cannot be read: {exc}", close=True)
         except ConnectionResetError:  # nobody is left to read the answer
             return self._refuse(400, "the client closed the connection before sending the body")
+        return b"".join(chunks)
+
+    async def _decide(
+        self, body: bytes, started: float, observer: RequestObserver | None
+    ) -> web.Response:
+        """The answer to a review whose body is in."""
+        settings = self.ctx.settings
         if observer is not None:
             observer.request_received()
         try:

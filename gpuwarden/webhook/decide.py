@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Literal
 
+from pydantic.alias_generators import to_camel
+
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
-from gpuwarden.policy.admission.validate import validate_config_map
+from gpuwarden.policy.admission.mutate import Placed
+from gpuwarden.policy.admission.placement import place
+from gpuwarden.policy.admission.validate import (
+    ESCAPE_CHECKS,
+    MAX_MESSAGE,
+    validate_config_map,
+    violations,
+)
 from gpuwarden.policy.pod.resources import requests_gpu
+from gpuwarden.policy.pod.view import PodView
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
@@ -53,8 +63,9 @@ def decide(
     """The decision for one review; raises ReviewError for a request that makes no sense.
 
     ``namespace_error`` says the request's namespace is not in ``cluster`` and could not be
-    read: its tenant is unknown, so GPU pods are refused (fail closed for gpuwarden's scope)
-    and everything else is admitted unchanged.
+    read: its tenant is unknown, so GPU pods are refused (fail closed for gpuwarden's scope),
+    other pods are validated against every escape check (no tenant can have turned one off),
+    and nothing is mutated.
     """
     if review.is_config_map:
         # The keys a pod's envFrom makes into variables, judged when they change (validating
@@ -92,11 +103,46 @@ def decide(
                 message=namespace_unknown_message(review.namespace, namespace_error),
                 rule=NAMESPACE_UNKNOWN_RULE,
             )
+        if endpoint == "validate":
+            return _escapes_without_namespace(review, policies, cluster, namespace_error)
         return Decision()
     request = review.admission_request()
     if endpoint == "mutate":
         return mutate(request, policies, cluster)
     return validate(request, policies, cluster)
+
+
+def _escapes_without_namespace(
+    review: Review, policies: PolicySet, cluster: ClusterView, error: str
+) -> Decision:
+    """The validating decision on a pod whose namespace could not be read: its tenant, and so
+    what the tenant's enforcement turns off, is unknown, so every escape check applies (as in a
+    namespace of no tenant), and nothing else does."""
+    request = review.admission_request()
+    view = PodView.of(request.pod)
+    placement = place(view, request.namespace, {}, policies)._replace(tenant=None)
+    _, found = violations(request, policies, cluster, Placed(view, placement))
+    escapes = [violation for violation in found if violation.check in ESCAPE_CHECKS]
+    if not escapes:
+        return Decision()
+    first = escapes[0]
+    more = f"; and {len(escapes) - 1} more" if len(escapes) > 1 else ""
+    tail = (
+        f" [check {to_camel(first.check)}; gpuwarden could not read namespace "
+        f"{review.namespace} ({error}), so every escape check applies, whatever its tenant "
+        "turns off]"
+    )
+    head = "gpuwarden denied the pod: "
+    room = MAX_MESSAGE - len(head) - len(more) - len(tail)
+    shown = first.message if len(first.message) <= room else first.message[: room - 3] + "..."
+    return Decision(
+        allowed=False,
+        code=403,
+        reason=first.reason,
+        message=f"{head}{shown}{more}{tail}",
+        rule=NAMESPACE_UNKNOWN_RULE,
+        audit_annotations={"denied-by": first.check, "reason": first.reason},
+    )
 
 
 def failure_decision(mode: FailureMode, endpoint: Endpoint, uid: str) -> Decision:

@@ -67,14 +67,21 @@ class Metrics:
         )
         self.bad_requests = Counter(
             "gpuwarden_admission_bad_requests_total",
-            "Requests refused, by endpoint and status code: 4xx as malformed, 503 when the "
-            "request bodies in flight stayed at --max-body-bytes-in-flight past the deadline.",
+            "Requests refused, by endpoint and status code: 4xx as malformed (408: a body not "
+            "sent in time), 503 when the request bodies in flight stayed at "
+            "--max-body-bytes-in-flight past the deadline.",
             ["endpoint", "code"],
             registry=r,
         )
         self.body_waits = Counter(
             "gpuwarden_admission_body_waits_total",
             "Admission requests that waited for room under --max-body-bytes-in-flight.",
+            registry=r,
+        )
+        self.body_evictions = Counter(
+            "gpuwarden_admission_body_evictions_total",
+            "Admission requests whose body waited on its client while complete ones waited "
+            "for room under --max-body-bytes-in-flight: answered 408 and closed to make room.",
             registry=r,
         )
         self.connections_open = Gauge(

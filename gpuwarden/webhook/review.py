@@ -8,6 +8,8 @@ expects.
 from __future__ import annotations
 
 import binascii
+import json
+import re
 import reprlib
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -122,12 +124,43 @@ def _group_kind(value: Any, field: str, name_key: str) -> tuple[str, str]:
     )
 
 
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ReviewError(
+                f"duplicate key {short_repr(key)} in an object of the review: each key may "
+                "appear once (the API server never repeats one; a parser keeping either value "
+                "would read a different object)"
+            )
+        seen[key] = value
+    return seen
+
+
+# A colon spelled as an escape in a string of the body, which hides it from the count below.
+_ESCAPED_COLON = re.compile(rb"\\u003[aA]")
+
+
+def _check_unique(body: bytes, data: Any) -> None:
+    """Refuse a body whose JSON repeats a key within an object, which orjson (like most
+    parsers) reads as the last value. Every key has its colon, outside strings, so a body that
+    holds more colons than the parsed value written back has lost a key; only then, or if a
+    colon in a string is escaped (which could hide it), is it parsed again, slowly, to name the
+    key. The counts cost about 1.5 microseconds per KiB of body."""
+    if body.count(b":") != orjson.dumps(data).count(b":") or _ESCAPED_COLON.search(body):
+        try:
+            json.loads(body, object_pairs_hook=_refuse_duplicate_keys)
+        except (RecursionError, ValueError) as exc:  # deeper than this parser goes
+            raise ReviewError(f"malformed JSON: {type(exc).__name__}: {exc}") from None
+
+
 def decode(body: bytes) -> Review:
     """Parse and check an AdmissionReview request body."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise ReviewError(f"malformed JSON: {exc}") from None
+    _check_unique(body, data)
     if not isinstance(data, dict):
         raise ReviewError(f"expected an AdmissionReview object, got a JSON {type(data).__name__}")
     kind, api_version = data.get("kind"), data.get("apiVersion")

@@ -53,6 +53,8 @@ __all__ = [
 
 log = logging.getLogger("gpuwarden.webhook")
 
+LINGERING_TIME = 1.0
+
 
 class ServeError(Exception):
     """The server cannot start as configured; the message says what to change."""
@@ -188,6 +190,10 @@ class WebhookServer:
             # otherwise each would hold them until its deadline, and closing connections faster
             # than that could still pile up memory.
             handler_cancellation=True,
+            # A request refused with its body unread (413, 408) is read on and discarded this
+            # long before its connection closes, so that its client gets to read the answer
+            # (aiohttp's default is 10 s: a stalled client's connection would stay that long).
+            lingering_time=LINGERING_TIME,
         )
         await main.setup()
         self._runners.append(main)

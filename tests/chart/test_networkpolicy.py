@@ -1,4 +1,5 @@
-"""The chart's NetworkPolicy: only the API server reaches the webhook port (issue 19, item 3).
+"""The chart's NetworkPolicy: only the API server reaches the webhook port (issue 19, item 3),
+on by default wherever the chart can tell where the API server calls from (issue 29, item 1).
 
 Rendered by the real helm binary and validated against the Kubernetes schema; the lookup of the
 API server's addresses is checked against a real kube-apiserver in the e2e-marked test.
@@ -31,10 +32,7 @@ pytestmark = pytest.mark.helm
 
 KUBERNETES_VERSION = "1.37"  # as test_chart.py: the e2e control plane's version
 POLICY = f"{FULLNAME}-webhook"
-API_SERVER = {
-    "networkPolicy.enabled": "true",
-    "networkPolicy.apiServerCIDRs": "{10.0.0.10/32,fd00::10/128}",
-}
+API_SERVER = {"networkPolicy.apiServerCIDRs": "{10.0.0.10/32,fd00::10/128}"}
 
 
 def _values(tmp_path: Path, values: dict[str, Any]) -> Path:
@@ -107,15 +105,35 @@ def test_widened_to_every_source_without_knowing_the_api_server(tmp_path: Path) 
 
 
 def test_no_policy_that_would_shut_the_api_server_out() -> None:
-    # Off by default (overlay networks call from tunnel addresses).
-    assert not template(sets={k: v for k, v in API_SERVER.items() if "enabled" not in k}).all(
-        "NetworkPolicy"
-    )
-    # `helm template` reaches no cluster, so the lookup finds no address: nothing is rendered.
-    assert not template(sets={"networkPolicy.enabled": "true"}).all("NetworkPolicy")
+    # On by default, but `helm template` reaches no cluster, so the lookup finds no address:
+    # nothing is rendered, and the notes say so.
+    assert not template().all("NetworkPolicy")
     # And the policy can be turned off.
     sets = {**API_SERVER, "networkPolicy.enabled": "false"}
     assert not template(sets=sets).all("NetworkPolicy")
+
+
+def _notes(sets: dict[str, str]) -> str:
+    args = [f"--set={key}={value}" for key, value in sets.items()]
+    result = run_helm(
+        "install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client", *args
+    )
+    return " ".join(result.stdout.split("NOTES:", 1)[1].split())
+
+
+def test_the_notes_say_what_the_webhook_port_admits_or_why_no_policy() -> None:
+    notes = _notes({"tls.mode": "self-managed"})
+    assert "No NetworkPolicy rendered: the API server's addresses could not be read" in notes
+    assert "set networkPolicy.apiServerCIDRs" in notes
+    notes = _notes({"tls.mode": "self-managed", **API_SERVER})
+    assert (
+        f'NetworkPolicy "{FULLNAME}-webhook": the webhook\'s HTTPS port admits only '
+        "10.0.0.10/32, fd00::10/128." in notes
+    )
+    assert "add it to networkPolicy.webhookFrom, or set networkPolicy.enabled=false" in notes
+    assert "NetworkPolicy" not in _notes(
+        {"tls.mode": "self-managed", "networkPolicy.enabled": "false"}
+    )
 
 
 def test_helm_lint_strict_with_the_policy() -> None:
@@ -179,20 +197,73 @@ API_SERVER_SLICE = {
 }
 
 
+KONNECTIVITY = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {label: "konnectivity-agent"}},
+    }
+    for label in ("k8s-app", "app")
+]
+
+
+def _control_plane_node(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """A control-plane node as kubeadm registers it, with its CNI's annotations."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {"node-role.kubernetes.io/control-plane": ""},
+            "annotations": annotations,
+        },
+        "spec": {"podCIDRs": ["10.244.0.0/24"]},
+        "status": {
+            "addresses": [
+                {"type": "InternalIP", "address": "192.0.2.10"},
+                {"type": "Hostname", "address": name},
+            ]
+        },
+    }
+
+
+def _apply(plane: ControlPlane, obj: dict[str, Any]) -> None:
+    created = plane.kubectl("apply", "-f", "-", input=json.dumps(obj), check=False)
+    assert created.returncode == 0, created.stderr
+
+
 @pytest.mark.e2e
-def test_installed_on_a_cluster_it_admits_the_addresses_the_api_server_publishes(
+def test_installed_on_a_cluster_it_admits_the_addresses_the_api_server_calls_from(
     plane: ControlPlane,
 ) -> None:
     # No EndpointSlice to read: no policy (the API server must never be shut out).
     assert not _template_against(plane)
-    created = plane.kubectl("apply", "-f", "-", input=json.dumps(API_SERVER_SLICE), check=False)
-    assert created.returncode == 0, created.stderr
+    _apply(plane, API_SERVER_SLICE)
     (policy,) = _template_against(plane)
     assert _rules(policy)["https"]["from"] == [
         {"ipBlock": {"cidr": "192.0.2.10/32"}},
         {"ipBlock": {"cidr": "192.0.2.11/32"}},
+        *KONNECTIVITY,
     ]
     applied = plane.kubectl(
         "apply", "--dry-run=server", "-f", "-", input=json.dumps(policy), check=False
     )
     assert applied.returncode == 0, applied.stderr
+
+    # A self-hosted control plane on Calico (IPIP): its calls to pods on other nodes come from
+    # the tunnel address Calico records on the node, or its pod CIDR (Flannel).
+    calico = {"projectcalico.org/IPv4IPIPTunnelAddr": "10.244.0.1"}
+    _apply(plane, _control_plane_node("control-plane-1", calico))
+    (policy,) = _template_against(plane)
+    assert _rules(policy)["https"]["from"] == [
+        {"ipBlock": {"cidr": "192.0.2.10/32"}},
+        {"ipBlock": {"cidr": "192.0.2.11/32"}},
+        {"ipBlock": {"cidr": "10.244.0.0/24"}},
+        {"ipBlock": {"cidr": "10.244.0.1/32"}},
+        *KONNECTIVITY,
+    ]
+
+    # On Cilium, ipBlocks do not match cluster nodes by default: no policy.
+    cilium = {"network.cilium.io/ipv4-cilium-host": "10.244.0.5"}
+    _apply(plane, _control_plane_node("control-plane-1", cilium))
+    assert not _template_against(plane)
+    plane.kubectl("delete", "node", "control-plane-1", check=False)
