@@ -256,13 +256,43 @@ def _runtime_class(context: CheckContext) -> Iterator[Violation]:
 DEVICE_LIST_DIRECTORY = "/var/run/nvidia-container-devices"
 
 
+# A process's directory under /proc: a PID, or self and thread-self (the kubelet's own: it resolves
+# hostPath volumes), or one of its threads (task/<tid>). Its root is that process's /, which for a
+# host process is the host's / (proc(5), /proc/pid/root).
+_PROC_PROCESS = re.compile(r"^/proc/(\d+|self|thread-self)(/task/\d+)?(?=/|$)")
+
+
 def _host_path(raw: str) -> str:
-    """A host path as the host resolves it: normalised, with /var/run as /run (a symlink on
-    every systemd host)."""
+    """A host path as the host resolves it: normalised, /proc/<pid>/root/X as /X (the host's X),
+    and /var/run as /run (a symlink on every systemd host)."""
     path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+    while (process := _PROC_PROCESS.match(path)) is not None:
+        rest = path[process.end() :]
+        if rest != "/root" and not rest.startswith("/root/"):
+            break
+        path = posixpath.normpath("/" + rest[len("/root") :].lstrip("/"))
     if path == "/var/run" or path.startswith("/var/run/"):
         path = "/run" + path[len("/var/run") :]
     return path
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+def _host_aliases(path: str) -> list[str]:
+    """What a resolved host path reaches by another name than the directories themselves."""
+    if path == "/proc" or (_PROC_PROCESS.match(path) is not None):
+        # /proc holds every process's root, cwd and open files; their targets are host paths
+        # gpuwarden cannot resolve (a /proc/<pid>/root/X is resolved above).
+        return ["every host path (through /proc/<pid>/root, cwd and fd)"]
+    if any(_under(path, d) for d in ("/dev/char", "/dev/block")):
+        # Device nodes by major:minor: 195 is NVIDIA's (/dev/nvidia0 is 195:0, nvidiactl 195:255);
+        # nvidia-uvm's and nvidia-caps' majors are given out at load, so the whole directory goes.
+        return ["/dev/nvidia* (by major:minor)"]
+    if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
+        return ["/dev/nvidia*"]
+    return []
 
 
 def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
@@ -309,8 +339,7 @@ def _host_path_volumes(context: CheckContext) -> Iterator[Violation]:
             for p in protected
             if path == p or p.startswith(path.rstrip("/") + "/") or path.startswith(p + "/")
         ]
-        if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
-            reached.append("/dev/nvidia*")
+        reached += _host_aliases(path)
         if reached:
             yield Violation(
                 "host_paths",
