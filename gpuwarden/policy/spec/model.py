@@ -489,8 +489,9 @@ class Enforcement(StrictModel):
     )
     host_paths: bool = Field(
         default=True,
-        description="Deny hostPath volumes to MPS directories and /dev/nvidia*, and mounts at "
-        "NVIDIA's device-list path /var/run/nvidia-container-devices",
+        description="Deny hostPath volumes to MPS directories and /dev/nvidia* under any name "
+        "the host resolves (/var/run, /proc/PID/root; /proc, /dev/char and /dev/block whole), "
+        "and mounts at NVIDIA's device-list path /var/run/nvidia-container-devices",
     )
     privileged: bool = Field(default=True, description="Deny privileged containers")
     host_namespaces: bool = Field(default=True, description="Deny hostIPC and hostPID")
@@ -519,7 +520,7 @@ class TenantLimits(StrictModel):
         "resources.claims). gpuwarden cannot see which devices a claim gets, so no profile, "
         "limit or quota applies to them; false: the tenant's GPUs go through device plugins. "
         "The same holds for DRA's extended resources (deviceclass.resource.kubernetes.io/"
-        "<DeviceClass>), which the scheduler turns into claims; where they are allowed, those "
+        "CLASS), which the scheduler turns into claims; where they are allowed, those "
         "of spec.gpuDeviceClasses count against maxGpusPerPod",
     )
     denied_resources: tuple[str, ...] = Field(
@@ -533,7 +534,7 @@ class TenantLimits(StrictModel):
     )
     allowed_runtime_classes: tuple[str, ...] | None = Field(
         default=("nvidia", "nvidia-cdi", "nvidia-legacy"),
-        description="RuntimeClasses the tenant's pods may name; unset allows any. gpuwarden "
+        description="RuntimeClasses the tenant's pods may name; null allows any. gpuwarden "
         "cannot see a RuntimeClass's handler, and one of another name may run NVIDIA's runtime, "
         "which exposes GPUs no profile gave; the default is NVIDIA's own classes",
     )
@@ -663,7 +664,7 @@ class PolicySpec(StrictModel):
     gpu_device_classes: tuple[str, ...] = Field(
         default=("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"),
         description="DRA DeviceClasses whose devices are GPUs (NVIDIA's DRA driver registers "
-        "these): a pod's deviceclass.resource.kubernetes.io/<class> asks for that many GPUs, "
+        "these): a pod's deviceclass.resource.kubernetes.io/CLASS asks for that many GPUs, "
         "which the denial names and, for tenants with allowResourceClaims, maxGpusPerPod and "
         "the rendered ResourceQuota count",
     )
