@@ -46,8 +46,10 @@ def is_gpu_resource(name: str) -> bool:
 # Extended resources backed by Dynamic Resource Allocation (KEP-5004, feature DRAExtendedResource):
 # every DeviceClass is also the extended resource deviceclass.resource.kubernetes.io/<class name>
 # (ResourceDeviceClassPrefix in kubernetes/kubernetes staging/src/k8s.io/api/resource/v1/
-# types.go), and the scheduler's dynamicresources plugin turns a container's request for it into a
-# ResourceClaim of that many devices. kube-apiserver 1.37.2 admits the name as it is, and its
+# types.go), and the scheduler's dynamicresources plugin maps both names to the class
+# (pkg/scheduler/framework/plugins/dynamicresources/extended/cache.go, "always add the default
+# mapping") and turns a container's request into a ResourceClaim of that many devices
+# (extendeddynamicresources.go). kube-apiserver 1.37.2 admits the name as it is, and its
 # quota charges only requests.deviceclass.resource.kubernetes.io/<class name>.
 DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
 # GPUs of other vendors, which no profile governs: AMD's device plugin (amd.com/gpu, and
@@ -126,10 +128,6 @@ class ContainerRef(NamedTuple):
                 except QuantityError as exc:
                     raise QuantityError(f"resources.{section}[{name}]: {exc}") from None
         return best or None
-
-    def named_resources(self) -> dict[str, Any]:
-        """Every resource it names, limits over requests (as Kubernetes defaults them)."""
-        return {**self.resources("requests"), **self.resources("limits")}
 
     def env(self) -> list[Mapping[str, Any]]:
         env = self.body.get("env")

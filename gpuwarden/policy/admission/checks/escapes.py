@@ -266,7 +266,7 @@ def _host_path(raw: str) -> str:
     """A host path as the host resolves it: normalised, /proc/<pid>/root/X as /X (the host's X),
     and /var/run as /run (a symlink on every systemd host)."""
     path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
-    while (process := _PROC_PROCESS.match(path)) is not None:
+    while path.startswith("/proc/") and (process := _PROC_PROCESS.match(path)) is not None:
         rest = path[process.end() :]
         if rest != "/root" and not rest.startswith("/root/"):
             break
@@ -274,6 +274,9 @@ def _host_path(raw: str) -> str:
     if path == "/var/run" or path.startswith("/var/run/"):
         path = "/run" + path[len("/var/run") :]
     return path
+
+
+_DEVICE_LIST_PATH = _host_path(DEVICE_LIST_DIRECTORY)
 
 
 def _under(path: str, directory: str) -> bool:
@@ -305,12 +308,12 @@ def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
 
 
 def _device_list_mounts(context: CheckContext) -> Iterator[Violation]:
+    device_list = _DEVICE_LIST_PATH
     for ref in context.view.all_containers:
         for index, mount in enumerate(ref.body.get("volumeMounts") or []):
             if not isinstance(mount, Mapping):
                 continue
             target = _host_path(str(mount.get("mountPath", "")))
-            device_list = _host_path(DEVICE_LIST_DIRECTORY)
             if target == device_list or target.startswith(device_list + "/"):
                 yield Violation(
                     "host_paths",

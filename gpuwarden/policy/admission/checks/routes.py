@@ -18,7 +18,12 @@ from gpuwarden.policy.admission.checks.base import (
     listed,
 )
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
-from gpuwarden.policy.pod.resources import CDI_ANNOTATION_PREFIX, ContainerRef, device_class_of
+from gpuwarden.policy.pod.resources import (
+    CDI_ANNOTATION_PREFIX,
+    DEVICE_CLASS_RESOURCE_PREFIX,
+    ContainerRef,
+    device_class_of,
+)
 from gpuwarden.policy.render.objects import gpu_device_classes
 from gpuwarden.policy.spec.model import Tenant, TenantLimits
 
@@ -34,13 +39,12 @@ def denied_by(name: str, limits: TenantLimits) -> str | None:
 def _named(ref: ContainerRef) -> Iterator[tuple[str, str, object]]:
     """(section, name, value) of every resource the container names, limits first, each name
     once."""
-    seen: set[str] = set()
-    for section in ("limits", "requests"):
-        for raw, value in ref.resources(section).items():
-            name = str(raw)
-            if name not in seen:
-                seen.add(name)
-                yield section, name, value
+    limits = ref.resources("limits")
+    for name, value in limits.items():
+        yield "limits", str(name), value
+    for name, value in ref.resources("requests").items():
+        if name not in limits:
+            yield "requests", str(name), value
 
 
 def _device_class_denial(
@@ -60,23 +64,24 @@ def _device_class_denial(
 
 def _resources(context: CheckContext, tenant: Tenant) -> Iterator[Violation]:
     limits = tenant.limits
-    gpu_classes = gpu_device_classes(context.policies)
+    denied = limits.denied_resources
+    # One startswith for every name: the prefixes of denied patterns, device classes' and exact
+    # names alike (a hit is then told apart).
+    watched = (DEVICE_CLASS_RESOURCE_PREFIX, *(p.removesuffix("*") for p in denied))
+    gpu_classes: frozenset[str] | None = None  # read from the policies at the first DRA name
     dra_gpus: list[tuple[str, int]] = []
     for ref in context.view.all_containers:
+        if not ref.body.get("resources"):
+            continue
         for section, name, value in _named(ref):
-            where = f"{container_path(ref)}.resources.{section}[{name}]"
-            device_class = device_class_of(name)
-            if device_class is not None:
-                gpu = device_class in gpu_classes
-                if not limits.allow_resource_claims:
-                    message = _device_class_denial(where, device_class, value, tenant, gpu)
-                    yield Violation("tenant_limits", "TenantLimit", message)
-                elif gpu:
-                    with suppress(QuantityError):  # the quantities check names it
-                        dra_gpus.append((f"{ref.name} {value}", parse_count(value)))
+            if not name.startswith(watched):
                 continue
-            pattern = denied_by(name, limits)
-            if pattern is not None:
+            device_class = device_class_of(name)
+            pattern = denied_by(name, limits) if device_class is None else None
+            if device_class is None and pattern is None:
+                continue
+            where = f"{container_path(ref)}.resources.{section}[{name}]"
+            if device_class is None:
                 yield Violation(
                     "tenant_limits",
                     "TenantLimit",
@@ -84,6 +89,16 @@ def _resources(context: CheckContext, tenant: Tenant) -> Iterator[Violation]:
                     f"limits.deniedResources as {pattern}); ask for nvidia.com/gpu, or have an "
                     "admin take it out of limits.deniedResources for the tenant",
                 )
+                continue
+            if gpu_classes is None:
+                gpu_classes = frozenset(gpu_device_classes(context.policies))
+            gpu = device_class in gpu_classes
+            if not limits.allow_resource_claims:
+                message = _device_class_denial(where, device_class, value, tenant, gpu)
+                yield Violation("tenant_limits", "TenantLimit", message)
+            elif gpu:
+                with suppress(QuantityError):  # the quantities check names it
+                    dra_gpus.append((f"{ref.name} {value}", parse_count(value)))
     most = limits.max_gpus_per_pod
     asked = context.placement.total_gpus + sum(count for _, count in dra_gpus)
     if dra_gpus and most is not None and asked > most:
