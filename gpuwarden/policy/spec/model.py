@@ -661,6 +661,9 @@ class PolicySpec(StrictModel):
         description="Profile for pods that request a GPU but match no rule",
     )
     mps: MpsSettings = Field(default_factory=MpsSettings)
+    # NVIDIA/k8s-dra-driver-gpu deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-
+    # {gpu,mig,vfio-gpu}.yaml (its compute-domain classes hand out IMEX channels, not GPUs);
+    # gpu.nvidia.com also sets extendedResourceName: nvidia.com/gpu, which profiles govern.
     gpu_device_classes: tuple[str, ...] = Field(
         default=("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"),
         description="DRA DeviceClasses whose devices are GPUs (NVIDIA's DRA driver registers "
