@@ -192,6 +192,10 @@ def test_quota_keys_for_dra_extended_resources_that_are_never_charged_are_flagge
         ("/proc/thread-self/root/var/log", "/var/log/nvidia-mps"),
         ("/proc/1/task/1/root/run", "/run/nvidia/mps"),
         ("/proc/1/root/proc/1/root/run/nvidia", "/run/nvidia/mps"),
+        # .. at a process's root stays there, as the kernel walks it (not /proc/dev).
+        ("/proc/1/root/../../dev", "/dev/nvidia*"),
+        ("/proc/1/root/./run/../dev/nvidia0", "/dev/nvidia*"),
+        ("proc/1/root/dev", "/dev/nvidia*"),
         ("/proc/1/root/dev", "/dev/nvidia*"),  # the attack's
         ("/proc/1/root/dev/nvidia0", "/dev/nvidia*"),
         ("/proc/1/root", "/run/nvidia/mps, /var/log/nvidia-mps, /dev/nvidia*"),

@@ -260,20 +260,44 @@ DEVICE_LIST_DIRECTORY = "/var/run/nvidia-container-devices"
 # hostPath volumes), or one of its threads (task/<tid>). Its root is that process's /, which for a
 # host process is the host's / (proc(5), /proc/pid/root).
 _PROC_PROCESS = re.compile(r"^/proc/(\d+|self|thread-self)(/task/\d+)?(?=/|$)")
+_PROCESS = re.compile(r"\d+|self|thread-self")
 
 
 def _host_path(raw: str) -> str:
     """A host path as the host resolves it: normalised, /proc/<pid>/root/X as /X (the host's X),
     and /var/run as /run (a symlink on every systemd host)."""
-    path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
-    while path.startswith("/proc/") and (process := _PROC_PROCESS.match(path)) is not None:
-        rest = path[process.end() :]
-        if rest != "/root" and not rest.startswith("/root/"):
-            break
-        path = posixpath.normpath("/" + rest[len("/root") :].lstrip("/"))
+    if "proc" in raw:
+        path = _through_proc(raw)
+    else:
+        path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
     if path == "/var/run" or path.startswith("/var/run/"):
         path = "/run" + path[len("/var/run") :]
     return path
+
+
+def _through_proc(raw: str) -> str:
+    """The path, walked a name at a time as the kernel walks it: a process's root starts again
+    at the host's /, where .. stays (normpath would read /proc/1/root/../../dev as /proc/dev)."""
+    parts: list[str] = []
+    for part in raw.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        if part == "root" and _is_process_directory(parts):
+            parts = []
+            continue
+        parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _is_process_directory(parts: list[str]) -> bool:
+    """Whether the names are /proc/<pid> or /proc/<pid>/task/<tid>."""
+    if len(parts) not in (2, 4) or parts[0] != "proc" or not _PROCESS.fullmatch(parts[1]):
+        return False
+    return len(parts) == 2 or (parts[2] == "task" and parts[3].isdigit())
 
 
 _DEVICE_LIST_PATH = _host_path(DEVICE_LIST_DIRECTORY)
