@@ -188,7 +188,8 @@ MISTAKES: dict[str, tuple[Any, str]] = {
     "kind": ({**POLICY, "kind": "GPUPolicey"}, 'kind: must be "GPUPolicy", got "GPUPolicey"'),
     "bare-spec": (
         {"profiles": [{"name": "a"}], "profile": "a"},
-        "profile: unknown field (allowed here: backend, defaultProfile, mps, profiles",
+        "profile: unknown field (allowed here: backend, defaultProfile, gpuDeviceClasses, mps, "
+        "profiles",
     ),
 }
 

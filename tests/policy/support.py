@@ -27,6 +27,14 @@ NAMESPACES_FILE = EXAMPLES / "namespaces.yaml"
 EXAMPLE_PODS = sorted(p for p in EXAMPLES.glob("*.yaml") if p != NAMESPACES_FILE)
 
 
+#: The quota keys of the default gpuDeviceClasses, rendered at 0 for a tenant that may not use DRA
+#: (issue 29 item 3): the API server's backstop for the webhook's denial.
+NO_DRA_GPUS = {
+    f"requests.deviceclass.resource.kubernetes.io/{name}": "0"
+    for name in ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
+}
+
+
 def read_yaml(path: Path) -> Any:
     return yaml.safe_load(path.read_text(encoding="utf-8"))
 

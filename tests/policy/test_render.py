@@ -26,6 +26,8 @@ from gpuwarden.policy.render.objects import (
 )
 from gpuwarden.policy.spec.schema import crd_yaml, policy_field_table
 
+from .support import NO_DRA_GPUS
+
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_POLICIES = REPO / "policies"
 
@@ -155,6 +157,7 @@ def test_hami_quota_keys_are_rendered_for_hamis_scheduler_and_not_flagged() -> N
         "limits.nvidia.com/gpumem": str(32 * 1024),
         "requests.nvidia.com/gpu": "30",
         "limits.nvidia.com/gpucores": "300",
+        **NO_DRA_GPUS,
     }
     assert not rendering.warnings
     assert any("by HAMi's scheduler" in note for note in rendering.notes)

@@ -26,6 +26,8 @@ from gpuwarden.policy.render.kueue import (
 from gpuwarden.policy.render.objects import Rendering, RenderOptions, render
 from gpuwarden.policy.spec.backends import plan_for
 
+from .support import NO_DRA_GPUS
+
 Obj = dict[str, Any]
 KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue")
 ONLY_KUEUE = RenderOptions(priority_classes=False, quotas=False, queues=False, kueue=True)
@@ -438,6 +440,7 @@ def test_shared_gpus_split_the_quota_between_whole_gpus_and_slices() -> None:
     assert quota["spec"]["hard"] == {
         "requests.nvidia.com/gpu": "3",
         "requests.nvidia.com/gpu.shared": "4",
+        **NO_DRA_GPUS,
     }
 
 

@@ -118,7 +118,18 @@ def test_every_kind_has_evidence() -> None:
 
 # --- hypothesis: pods built from every feature the scope reads -----------------------------
 
-GPU_NAMES = ["nvidia.com/gpu", "nvidia.com/gpu.shared", "volcano.sh/vgpu-number", "cpu", "memory"]
+GPU_NAMES = [
+    "nvidia.com/gpu",
+    "nvidia.com/gpu.shared",
+    "volcano.sh/vgpu-number",
+    "cpu",
+    "memory",
+    # Routes that pass by the profiles (issue 29 items 3 and 11): denied to tenants.
+    "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+    "deviceclass.resource.kubernetes.io/dranet",
+    "amd.com/gpu",
+    "gpu.intel.com/xe",
+]
 ENV_NAMES = ["NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "CUDA_DISABLE_CONTROL", "HOME"]
 LABEL_KEYS = [
     *{key for labels, _ in KIND_EVIDENCE.values() for key in labels},
@@ -185,7 +196,12 @@ pods = st.fixed_dictionaries(
                 ),
                 "annotations": st.dictionaries(
                     st.sampled_from(
-                        ["pipelines.kubeflow.org/runtime-role", "gpuwarden.io/tenant", "other"]
+                        [
+                            "pipelines.kubeflow.org/runtime-role",
+                            "gpuwarden.io/tenant",
+                            "cdi.k8s.io/gpu",
+                            "other",
+                        ]
                     ),
                     st.sampled_from(["driver", "launcher", "x"]),
                     max_size=2,
@@ -201,7 +217,7 @@ pods = st.fixed_dictionaries(
             optional={
                 "initContainers": st.lists(containers, max_size=1),
                 "hostPID": st.booleans(),
-                "runtimeClassName": st.just("nvidia"),
+                "runtimeClassName": st.sampled_from(["nvidia", "kata-qemu"]),
                 "volumes": st.lists(
                     st.sampled_from(
                         [

@@ -43,6 +43,34 @@ def is_gpu_resource(name: str) -> bool:
     return name in GPU_RESOURCES or name.startswith(_GPU_PREFIXES)
 
 
+# Extended resources backed by Dynamic Resource Allocation (KEP-5004, feature DRAExtendedResource):
+# every DeviceClass is also the extended resource deviceclass.resource.kubernetes.io/<class name>
+# (ResourceDeviceClassPrefix in kubernetes/kubernetes staging/src/k8s.io/api/resource/v1/
+# types.go), and the scheduler's dynamicresources plugin maps both names to the class
+# (pkg/scheduler/framework/plugins/dynamicresources/extended/cache.go, "always add the default
+# mapping") and turns a container's request into a ResourceClaim of that many devices
+# (extendeddynamicresources.go). kube-apiserver 1.37.2 admits the name as it is, and its
+# quota charges only requests.deviceclass.resource.kubernetes.io/<class name>.
+DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+# GPUs of other vendors, which no profile governs: AMD's device plugin (amd.com/gpu, and
+# amd.com/<partition> under its mixed naming) and Intel's (gpu.intel.com/i915, gpu.intel.com/xe,
+# with millicores, memory.max and tiles beside them).
+OTHER_GPU_PREFIXES = ("amd.com/", "gpu.intel.com/")
+#: Every resource-name prefix by which a container may reach an accelerator: NVIDIA's (governed),
+#: DRA's device classes and other vendors' (denied to tenants unless their policy allows them).
+ACCELERATOR_PREFIXES = (*_GPU_PREFIXES, DEVICE_CLASS_RESOURCE_PREFIX, *OTHER_GPU_PREFIXES)
+#: Annotations asking a CDI-aware runtime to inject devices (AnnotationPrefix in
+#: cncf-tags/container-device-interface pkg/cdi/annotations.go).
+CDI_ANNOTATION_PREFIX = "cdi.k8s.io/"
+
+
+def device_class_of(name: str) -> str | None:
+    """The DeviceClass a DRA-backed extended resource name stands for (None for another name)."""
+    if name.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
+        return name[len(DEVICE_CLASS_RESOURCE_PREFIX) :]
+    return None
+
+
 class ContainerRef(NamedTuple):
     """A container of the pod and where it sits in the spec (a tuple: made many times a decision)."""
 

@@ -35,6 +35,7 @@ from decimal import ROUND_CEILING, Decimal
 from typing import Any
 
 from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.resources import DEVICE_CLASS_RESOURCE_PREFIX
 from gpuwarden.policy.render import kueue
 from gpuwarden.policy.spec.backends import VOLCANO_QUEUE_ANNOTATION, BackendPlan, plan_for
 from gpuwarden.policy.spec.model import Tenant, VolcanoBackend, quantity_value
@@ -235,6 +236,11 @@ def _largest_ratio(policies: PolicySet, tenant: Tenant) -> Decimal:
     return max(ratios, default=Decimal(1))
 
 
+def gpu_device_classes(policies: PolicySet) -> tuple[str, ...]:
+    """The DRA DeviceClasses whose devices are GPUs, as the policies of the set name them."""
+    return tuple(sorted({name for p in policies.policies for name in p.spec.gpu_device_classes}))
+
+
 def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     """``spec.hard`` for a tenant's namespaces, from what the policy says today.
 
@@ -250,7 +256,10 @@ def tenant_quota_hard(policies: PolicySet, tenant: Tenant) -> dict[str, str]:
     ``quota.gpus`` goes to ``requests.<count resource>`` as a ClusterQueue's nominal quotas
     (:func:`kueue.pool_quotas`): a shared pool in slices (GPUs x the backend's slices per GPU),
     split by ``quota.sharedGpus``; the pools that share a resource name add up, since the API
-    server cannot tell them apart.
+    server cannot tell them apart. It goes as well to
+    ``requests.deviceclass.resource.kubernetes.io/<class>`` of each of ``gpuDeviceClasses``
+    (DRA's extended resources, which the API server's quota charges by that key alone), 0 where
+    the tenant may not use DRA: the backstop for the webhook's denial.
     """
     plans = tenant_plans(policies, tenant)
     return _quota_hard(policies, tenant, plans, kueue.pool_quotas(tenant, plans))
@@ -278,6 +287,9 @@ def _quota_hard(
                 hard[f"requests.{resource}"] = str(int(amount))
             if "nvidia.com/gpucores" in resources:
                 hard["limits.nvidia.com/gpucores"] = str(100 * tenant.quota.gpus)
+            dra = tenant.quota.gpus if tenant.limits.allow_resource_claims else 0
+            for device_class in gpu_device_classes(policies):
+                hard[f"requests.{DEVICE_CLASS_RESOURCE_PREFIX}{device_class}"] = str(dra)
         hard.update(tenant.quota.hard)
     return hard
 
@@ -358,6 +370,8 @@ def _is_extended(resource: str) -> bool:
     """Extended resources are domain-qualified names outside kubernetes.io (nvidia.com/gpu)."""
     if "/" not in resource:
         return False
+    if resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
+        return True  # DRA's extended resources, in kubernetes.io's domain all the same
     domain = resource.split("/", 1)[0]
     return not (domain == "kubernetes.io" or domain.endswith(".kubernetes.io"))
 

@@ -5,15 +5,16 @@ pod in a governed namespace is admitted without a call, so it is neither slowed 
 while gpuwarden is unreachable. The condition is a superset, never a subset, of what the policy
 core acts on:
 
-* what gpuwarden checks in every pod (GPU resources and DRA claims, NVIDIA and CUDA variables
-  and ``envFrom``, hostPath volumes and mounts under NVIDIA's paths, privileged containers and
-  added capabilities, host namespaces, a runtime class, ``gpuwarden.io/*`` labels and
-  annotations);
+* what gpuwarden checks in every pod (GPU resources, other accelerators' and DRA's device
+  classes, DRA claims, NVIDIA and CUDA variables and ``envFrom``, hostPath volumes and mounts
+  under NVIDIA's paths, privileged containers and added capabilities, host namespaces, a runtime
+  class, ``gpuwarden.io/*`` labels and annotations, CDI's ``cdi.k8s.io/*`` annotations);
 * what the policies decide from a workload's labels alone: a rule that may give GPUs to a pod
   that asks for none brings in the labels and annotations that identify its kind.
 
 On UPDATE (the validating webhook) only the updates gpuwarden checks are sent: subresources
-(ephemeral containers, resize) and pods that carry, or carried, its annotations.
+(ephemeral containers, resize) and pods that carry, or carried, its annotations or the backend
+annotations it writes.
 
 :func:`review_scope` gives the same condition twice: as CEL for the API server and as a Python
 predicate, so tests can hold the predicate to the policy core and the e2e suite the CEL to the
@@ -29,6 +30,8 @@ from typing import Any
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.resources import (
+    ACCELERATOR_PREFIXES,
+    CDI_ANNOTATION_PREFIX,
     CONTAINER_FIELDS,
     annotations_of,
     labels_of,
@@ -46,6 +49,7 @@ from gpuwarden.policy.pod.workloads import (
     TRAINING_JOB_NAME,
     WORKSPACE_NAME,
 )
+from gpuwarden.policy.spec.backends import BACKEND_ANNOTATIONS
 from gpuwarden.policy.spec.model import (
     LabelSelector,
     SelectorMatch,
@@ -53,16 +57,19 @@ from gpuwarden.policy.spec.model import (
 )
 from gpuwarden.policy.spec.policyset import PolicySet
 
-# Resource names that hand out (parts of) GPUs, by prefix (resources.is_gpu_resource's too).
-GPU_RESOURCE_PREFIXES = ("nvidia.com/gpu", "nvidia.com/mig-", "volcano.sh/vgpu-", "volcano.sh/gpu-")
+# Resource names that may reach an accelerator, by prefix: NVIDIA's (resources.is_gpu_resource's),
+# DRA's deviceclass.resource.kubernetes.io/ and other vendors' GPUs.
+GPU_RESOURCE_PREFIXES = ACCELERATOR_PREFIXES
 # Variables the isolation checks read: NVIDIA's container toolkit, CUDA/MPS, HAMi-core.
 ENV_PREFIXES = ("NVIDIA_", "CUDA_")
 ENV_NAMES = ("GPU_CORE_UTILIZATION_POLICY",)
 # Mount paths under which NVIDIA's device lists and MPS pipes live.
 MOUNT_MARKER = "nvidia"
 OWN_PREFIX = keys.PROFILE_LABEL.split("/", 1)[0] + "/"  # gpuwarden.io/
-# Annotations protected on UPDATE besides gpuwarden's own.
-PROTECTED_ANNOTATIONS = ("volcano.sh/preemptable",)
+# Annotation prefixes the checks read on a new pod: gpuwarden's own, and CDI device requests.
+ANNOTATION_PREFIXES = (OWN_PREFIX, CDI_ANNOTATION_PREFIX)
+# Annotations protected on UPDATE besides gpuwarden's own: those its backends write.
+PROTECTED_ANNOTATIONS = BACKEND_ANNOTATIONS
 
 # What identifies each Kubeflow kind on a pod (gpuwarden.policy.pod.workloads.identify reads these
 # first): label keys, then annotation keys.
@@ -210,8 +217,9 @@ _POD_CEL = " || ".join(
         "has(object.spec.resourceClaims)",
         "(has(object.metadata.labels) && "
         f'object.metadata.labels.exists(k, k.startsWith("{OWN_PREFIX}")))',
-        "(has(object.metadata.annotations) && "
-        f'object.metadata.annotations.exists(k, k.startsWith("{OWN_PREFIX}")))',
+        "(has(object.metadata.annotations) && object.metadata.annotations.exists(k, "
+        + " || ".join(f'k.startsWith("{p}")' for p in ANNOTATION_PREFIXES)
+        + "))",
     ]
 )
 
@@ -290,9 +298,9 @@ def _checked_everywhere(pod: Mapping[str, Any]) -> bool:
     if "runtimeClassName" in spec or "resourceClaims" in spec:
         return True
     meta = metadata_of(pod)
-    for section in ("labels", "annotations"):
+    for section, prefixes in (("labels", (OWN_PREFIX,)), ("annotations", ANNOTATION_PREFIXES)):
         values = meta.get(section)
-        if isinstance(values, dict) and any(str(k).startswith(OWN_PREFIX) for k in values):
+        if isinstance(values, dict) and any(str(k).startswith(prefixes) for k in values):
             return True
     return False
 

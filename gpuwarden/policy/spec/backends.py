@@ -28,6 +28,14 @@ VOLCANO_PREEMPTABLE_ANNOTATION = "volcano.sh/preemptable"
 # pkg/scheduler/api/devices/nvidia/vgpu/type.go) and HAMi (Project-HAMi/HAMi
 # pkg/device/nvidia/device.go): comma-separated, each a case-insensitive substring of the type.
 USE_GPU_TYPE_ANNOTATION = "nvidia.com/use-gputype"
+#: Every annotation a backend plan writes and its scheduler reads: gpuwarden's decision as much as
+#: its own annotations, so none may change after admission (admission/checks/updates.py).
+BACKEND_ANNOTATIONS = (
+    VOLCANO_QUEUE_ANNOTATION,
+    VOLCANO_PREEMPTABLE_ANNOTATION,
+    USE_GPU_TYPE_ANNOTATION,
+)
+
 # The PodGroup a gang-scheduled pod belongs to (volcano-sh/volcano
 # staging/src/volcano.sh/apis/pkg/apis/scheduling/v1beta1/labels.go, KubeGroupNameAnnotationKey).
 VOLCANO_GROUP_NAME_ANNOTATION = "scheduling.k8s.io/group-name"

@@ -489,8 +489,9 @@ class Enforcement(StrictModel):
     )
     host_paths: bool = Field(
         default=True,
-        description="Deny hostPath volumes to MPS directories and /dev/nvidia*, and mounts at "
-        "NVIDIA's device-list path /var/run/nvidia-container-devices",
+        description="Deny hostPath volumes to MPS directories and /dev/nvidia* under any name "
+        "the host resolves (/var/run, /proc/PID/root; /proc, /dev/char and /dev/block whole), "
+        "and mounts at NVIDIA's device-list path /var/run/nvidia-container-devices",
     )
     privileged: bool = Field(default=True, description="Deny privileged containers")
     host_namespaces: bool = Field(default=True, description="Deny hostIPC and hostPID")
@@ -517,8 +518,41 @@ class TenantLimits(StrictModel):
         default=False,
         description="Admit pods with Dynamic Resource Allocation claims (spec.resourceClaims, "
         "resources.claims). gpuwarden cannot see which devices a claim gets, so no profile, "
-        "limit or quota applies to them; false: the tenant's GPUs go through device plugins",
+        "limit or quota applies to them; false: the tenant's GPUs go through device plugins. "
+        "The same holds for DRA's extended resources (deviceclass.resource.kubernetes.io/"
+        "CLASS), which the scheduler turns into claims; where they are allowed, those "
+        "of spec.gpuDeviceClasses count against maxGpusPerPod",
     )
+    denied_resources: tuple[str, ...] = Field(
+        default=("amd.com/*", "gpu.intel.com/*"),
+        description="Resources the tenant's pods may not name: accelerators no profile governs "
+        "(AMD's and Intel's GPUs; a DeviceClass's extendedResourceName other than "
+        "nvidia.com/gpu). A resource name, or a prefix ending in *. The chart's webhooks are "
+        "called for names under nvidia.com/gpu, nvidia.com/mig-, volcano.sh/, amd.com/, "
+        "gpu.intel.com/ and deviceclass.resource.kubernetes.io/ (others are checked only on "
+        "pods sent for another reason)",
+    )
+    allowed_runtime_classes: tuple[str, ...] | None = Field(
+        default=("nvidia", "nvidia-cdi", "nvidia-legacy"),
+        description="RuntimeClasses the tenant's pods may name; null allows any. gpuwarden "
+        "cannot see a RuntimeClass's handler, and one of another name may run NVIDIA's runtime, "
+        "which exposes GPUs no profile gave; the default is NVIDIA's own classes",
+    )
+    allow_cdi_annotations: bool = Field(
+        default=False,
+        description="Admit pods with cdi.k8s.io/* annotations, with which a CDI-aware container "
+        "runtime injects the devices they name past every profile, limit and quota",
+    )
+
+    @field_validator("denied_resources")
+    @classmethod
+    def _prefix_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            if not pattern or "*" in pattern[:-1]:
+                raise ValueError(
+                    f"{pattern!r}: a resource name, or a prefix ending in * (amd.com/*)"
+                )
+        return patterns
 
 
 class TenantQuota(StrictModel):
@@ -627,6 +661,16 @@ class PolicySpec(StrictModel):
         description="Profile for pods that request a GPU but match no rule",
     )
     mps: MpsSettings = Field(default_factory=MpsSettings)
+    # NVIDIA/k8s-dra-driver-gpu deployments/helm/dra-driver-nvidia-gpu/templates/deviceclass-
+    # {gpu,mig,vfio-gpu}.yaml (its compute-domain classes hand out IMEX channels, not GPUs);
+    # gpu.nvidia.com also sets extendedResourceName: nvidia.com/gpu, which profiles govern.
+    gpu_device_classes: tuple[str, ...] = Field(
+        default=("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"),
+        description="DRA DeviceClasses whose devices are GPUs (NVIDIA's DRA driver registers "
+        "these): a pod's deviceclass.resource.kubernetes.io/CLASS asks for that many GPUs, "
+        "which the denial names and, for tenants with allowResourceClaims, maxGpusPerPod and "
+        "the rendered ResourceQuota count",
+    )
 
 
 class ObjectMeta(StrictModel):

@@ -10,6 +10,7 @@ quantities             quantities        CREATE
 forged annotations     annotations       CREATE
 tenant limits          tenant_limits     CREATE
 resource claims        tenant_limits     CREATE
+GPU routes             tenant_limits     CREATE
 environment            environment       CREATE, UPDATE pods/ephemeralcontainers
 runtime class          environment       CREATE
 device list mounts     host_paths        CREATE, UPDATE pods/ephemeralcontainers
@@ -28,7 +29,7 @@ changed annotations    annotations       UPDATE
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from gpuwarden.policy.admission.checks import escapes, limits, scheduling, updates
+from gpuwarden.policy.admission.checks import escapes, limits, routes, scheduling, updates
 from gpuwarden.policy.admission.checks.base import (
     Check,
     CheckContext,
@@ -42,6 +43,7 @@ CHECKS: tuple[Check, ...] = (
     updates.FORGED_ANNOTATIONS,
     limits.TENANT_LIMITS,
     limits.RESOURCE_CLAIMS,
+    routes.GPU_ROUTES,
     escapes.ENVIRONMENT,
     escapes.RUNTIME_CLASS,
     escapes.DEVICE_LIST_MOUNT,

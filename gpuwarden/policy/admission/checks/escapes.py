@@ -256,13 +256,70 @@ def _runtime_class(context: CheckContext) -> Iterator[Violation]:
 DEVICE_LIST_DIRECTORY = "/var/run/nvidia-container-devices"
 
 
+# A process's directory under /proc: a PID, or self and thread-self (the kubelet's own: it resolves
+# hostPath volumes), or one of its threads (task/<tid>). Its root is that process's /, which for a
+# host process is the host's / (proc(5), /proc/pid/root).
+_PROC_PROCESS = re.compile(r"^/proc/(\d+|self|thread-self)(/task/\d+)?(?=/|$)")
+_PROCESS = re.compile(r"\d+|self|thread-self")
+
+
 def _host_path(raw: str) -> str:
-    """A host path as the host resolves it: normalised, with /var/run as /run (a symlink on
-    every systemd host)."""
-    path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
+    """A host path as the host resolves it: normalised, /proc/<pid>/root/X as /X (the host's X),
+    and /var/run as /run (a symlink on every systemd host)."""
+    if "proc" in raw:
+        path = _through_proc(raw)
+    else:
+        path = posixpath.normpath("/" + raw.lstrip("/")) if raw else "/"
     if path == "/var/run" or path.startswith("/var/run/"):
         path = "/run" + path[len("/var/run") :]
     return path
+
+
+def _through_proc(raw: str) -> str:
+    """The path, walked a name at a time as the kernel walks it: a process's root starts again
+    at the host's /, where .. stays (normpath would read /proc/1/root/../../dev as /proc/dev)."""
+    parts: list[str] = []
+    for part in raw.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+            continue
+        if part == "root" and _is_process_directory(parts):
+            parts = []
+            continue
+        parts.append(part)
+    return "/" + "/".join(parts)
+
+
+def _is_process_directory(parts: list[str]) -> bool:
+    """Whether the names are /proc/<pid> or /proc/<pid>/task/<tid>."""
+    if len(parts) not in (2, 4) or parts[0] != "proc" or not _PROCESS.fullmatch(parts[1]):
+        return False
+    return len(parts) == 2 or (parts[2] == "task" and parts[3].isdigit())
+
+
+_DEVICE_LIST_PATH = _host_path(DEVICE_LIST_DIRECTORY)
+
+
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory + "/")
+
+
+def _host_aliases(path: str) -> list[str]:
+    """What a resolved host path reaches by another name than the directories themselves."""
+    if path == "/proc" or (_PROC_PROCESS.match(path) is not None):
+        # /proc holds every process's root, cwd and open files; their targets are host paths
+        # gpuwarden cannot resolve (a /proc/<pid>/root/X is resolved above).
+        return ["every host path (through /proc/<pid>/root, cwd and fd)"]
+    if any(_under(path, d) for d in ("/dev/char", "/dev/block")):
+        # Device nodes by major:minor: 195 is NVIDIA's (/dev/nvidia0 is 195:0, nvidiactl 195:255);
+        # nvidia-uvm's and nvidia-caps' majors are given out at load, so the whole directory goes.
+        return ["/dev/nvidia* (by major:minor)"]
+    if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
+        return ["/dev/nvidia*"]
+    return []
 
 
 def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
@@ -275,12 +332,12 @@ def _protected_paths(policies: PolicySet) -> tuple[str, ...]:
 
 
 def _device_list_mounts(context: CheckContext) -> Iterator[Violation]:
+    device_list = _DEVICE_LIST_PATH
     for ref in context.view.all_containers:
         for index, mount in enumerate(ref.body.get("volumeMounts") or []):
             if not isinstance(mount, Mapping):
                 continue
             target = _host_path(str(mount.get("mountPath", "")))
-            device_list = _host_path(DEVICE_LIST_DIRECTORY)
             if target == device_list or target.startswith(device_list + "/"):
                 yield Violation(
                     "host_paths",
@@ -309,8 +366,7 @@ def _host_path_volumes(context: CheckContext) -> Iterator[Violation]:
             for p in protected
             if path == p or p.startswith(path.rstrip("/") + "/") or path.startswith(p + "/")
         ]
-        if path.startswith("/dev/nvidia") or path in ("/", "/dev"):
-            reached.append("/dev/nvidia*")
+        reached += _host_aliases(path)
         if reached:
             yield Violation(
                 "host_paths",

@@ -18,13 +18,29 @@ from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import same_quantity
 from gpuwarden.policy.pod.resources import annotations_of
 from gpuwarden.policy.pod.view import PodView
-from gpuwarden.policy.spec.backends import VOLCANO_PREEMPTABLE_ANNOTATION
+from gpuwarden.policy.spec.backends import (
+    BACKEND_ANNOTATIONS,
+    USE_GPU_TYPE_ANNOTATION,
+    VOLCANO_PREEMPTABLE_ANNOTATION,
+    VOLCANO_QUEUE_ANNOTATION,
+)
+
+# Why each backend annotation matters, for the denial.
+_BACKEND_ANNOTATION_USES = {
+    VOLCANO_PREEMPTABLE_ANNOTATION: "gpuwarden sets it from the profile's preemptible, and "
+    "Volcano reads it to preempt",
+    VOLCANO_QUEUE_ANNOTATION: "gpuwarden sets it to the tenant's queue, and Volcano charges the "
+    "pod to that queue",
+    USE_GPU_TYPE_ANNOTATION: "gpuwarden sets it from the profile's gpuTypes, and Volcano's vGPU "
+    "device and HAMi place the pod by it",
+}
 
 
 def _changed_annotations(context: CheckContext) -> Iterator[Violation]:
     """On UPDATE, gpuwarden's own annotations are read by the node agent and charge quota, and
-    volcano.sh/preemptable (written from the profile's preemptible) decides whether Volcano may
-    preempt the pod: nobody may change them, in any namespace."""
+    the backend annotations it writes (spec/backends.py BACKEND_ANNOTATIONS: Volcano's queue and
+    preemptable, the GPU types Volcano vGPU and HAMi read) decide where and how the pod is
+    scheduled: nobody may change them, in any namespace."""
     request = context.request
     old = annotations_of(request.old_pod or {})
     new = context.view.annotations
@@ -38,13 +54,12 @@ def _changed_annotations(context: CheckContext) -> Iterator[Violation]:
                 f"metadata.annotations[{key}]: gpuwarden's decision annotations cannot be "
                 "changed after admission; revert the change",
             )
-        elif key == VOLCANO_PREEMPTABLE_ANNOTATION:
+        elif key in BACKEND_ANNOTATIONS:
             yield Violation(
                 "annotations",
                 "PolicyMismatch",
-                f"metadata.annotations[{key}]: gpuwarden sets it from the profile's "
-                "preemptible, and Volcano reads it to preempt; it cannot be changed after "
-                "admission; revert the change",
+                f"metadata.annotations[{key}]: {_BACKEND_ANNOTATION_USES[key]}; it cannot be "
+                "changed after admission; revert the change",
             )
 
 
