@@ -15,7 +15,7 @@ from gpuwarden.policy.admission.validate import (
     validate_config_map,
     violations,
 )
-from gpuwarden.policy.pod.resources import requests_gpu
+from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.pod.view import PodView
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
@@ -46,9 +46,10 @@ def namespace_unknown_message(namespace: str, error: str) -> str:
 
 
 def _guarded_gpu_pod(review: Review) -> bool:
-    """A request that could start GPU use: a new GPU pod, or GPU ephemeral containers."""
+    """A request that could start GPU use: a new pod, or ephemeral containers, that may reach a
+    device by any route (a GPU of any vendor, a DRA device class's resource, a CDI annotation)."""
     guarded = review.operation == "CREATE" or review.sub_resource == "ephemeralcontainers"
-    return guarded and review.obj is not None and requests_gpu(review.obj)
+    return guarded and review.obj is not None and reaches_accelerator(review.obj)
 
 
 def decide(

@@ -66,3 +66,23 @@ def test_a_pod_that_tries_nothing_is_admitted_and_nothing_is_mutated() -> None:
     assert decided(cpu_pod("team-a"), "validate").allowed is True
     mutation = decided(device_mount_pod(), "mutate")
     assert mutation.allowed is True and not mutation.patch
+
+
+def test_a_device_asked_by_another_route_waits_for_the_namespace_like_a_gpu() -> None:
+    """The routes a tenant's limits judge (DRA device classes, other vendors' GPUs, CDI
+    annotations) cannot be judged without the tenant: such a pod is refused for now, as a pod
+    asking nvidia.com/gpu is, on both endpoints."""
+    dra = cpu_pod("team-a")
+    dra["spec"]["containers"][0]["resources"] = {
+        "limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "8"}
+    }
+    amd = cpu_pod("team-a")
+    amd["spec"]["containers"][0]["resources"] = {"limits": {"amd.com/gpu": "1"}}
+    cdi = cpu_pod("team-a")
+    cdi["metadata"]["annotations"] = {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}
+    for pod in (dra, amd, cdi):
+        for endpoint in ("mutate", "validate"):
+            decision = decided(pod, endpoint)
+            assert decision.allowed is False, (endpoint, pod)
+            assert decision.code == 503
+            assert "could not read namespace team-a" in decision.message

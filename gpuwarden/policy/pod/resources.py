@@ -181,3 +181,16 @@ def _is_zero(value: Any) -> bool:
 
 def requests_gpu(pod: Mapping[str, Any]) -> bool:
     return any(ref.asks_for_gpu() for ref in containers(pod))
+
+
+def reaches_accelerator(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod may get a device by any route the policies govern or deny: a GPU it
+    asks for, any resource under ACCELERATOR_PREFIXES (zero or not), or a CDI annotation."""
+    if requests_gpu(pod) or any(k.startswith(CDI_ANNOTATION_PREFIX) for k in annotations_of(pod)):
+        return True
+    return any(
+        str(name).startswith(ACCELERATOR_PREFIXES)
+        for ref in containers(pod)
+        for kind in ("limits", "requests")
+        for name in ref.resources(kind)
+    )
