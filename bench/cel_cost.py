@@ -49,6 +49,12 @@ from gpuwarden.lab.cluster.webhookstack import (
     install_webhook_configurations,
     webhook_names,
 )
+from gpuwarden.policy.render.scope import (
+    MAX_CONFIG_MAP_KEYS,
+    MAX_CONTAINER_ITEMS,
+    MAX_CONTAINERS,
+    MAX_ITEMS,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 NAMESPACE = "tenant-a"
@@ -78,6 +84,24 @@ def cpu_pod(variables: int) -> Obj:
         "metadata": {"name": "cpu", "namespace": NAMESPACE},
         "spec": {"containers": [container]},
     }
+
+
+def at_the_bounds() -> Obj:
+    """The pod the new conditions iterate most: just under every bound of scope.py."""
+    pod = cpu_pod(0)
+    per_container = MAX_CONTAINER_ITEMS // MAX_CONTAINERS
+    pod["spec"]["containers"] = [
+        {
+            "name": f"c{i}",
+            "image": "busybox",
+            "env": [{"name": f"VAR_{j}", "value": "1"} for j in range(per_container)],
+        }
+        for i in range(MAX_CONTAINERS)
+    ]
+    pod["spec"]["volumes"] = [{"name": f"v{i}", "emptyDir": {}} for i in range(MAX_ITEMS)]
+    for field in ("labels", "annotations"):
+        pod["metadata"][field] = {f"example.com/k{i}": "x" for i in range(MAX_ITEMS)}
+    return pod
 
 
 def filling(make: Callable[[int], Obj]) -> Obj:
@@ -133,7 +157,7 @@ def timed(call: Callable[[], None], repeat: int) -> tuple[str, str]:
                 message = str(exc.body)
             return f"error {exc.status}", message[:300]
         best = min(best, time.perf_counter() - start)
-    return f"{best:.2f}s", ""
+    return f"{best:.3f}s", ""
 
 
 def calls_reached(
@@ -166,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     objects: list[tuple[str, Obj]] = [
         ("ConfigMap, 40,000 keys", config_map(40_000)),
         ("CPU pod, 20,000 env vars", cpu_pod(20_000)),
+        ("CPU pod at every bound", at_the_bounds()),
+        ("ConfigMap at the bound", config_map(MAX_CONFIG_MAP_KEYS)),
     ]
     if not args.quick:
         objects.insert(1, ("ConfigMap, 80,000 keys", config_map(80_000)))
