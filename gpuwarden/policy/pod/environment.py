@@ -14,6 +14,7 @@ import re
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress
 
 # Variables HAMi-core's limiter (libvgpu.so, preloaded on Volcano vGPU and HAMi nodes) reads: a
 # container that sets them switches the limiter off or moves its caps. CUDA_DISABLE_CONTROL makes
@@ -144,13 +145,8 @@ def open_class(prefix: str) -> str | None:
 
 
 def _first_and_count(matching: Iterable[str], limit: int = LISTED) -> Formed:
-    first: list[str] = []
-    count = 0
-    for key in matching:
-        if len(first) < limit:
-            first.append(key)
-        count += 1
-    return Formed(tuple(first), count) if count else NOTHING
+    keys = matching if isinstance(matching, list) else list(matching)
+    return Formed(tuple(keys[:limit]), len(keys)) if keys else NOTHING
 
 
 @dataclass(frozen=True)
@@ -172,17 +168,23 @@ class SourceKeys:
     def of(cls, keys: Iterable[str]) -> SourceKeys:
         ordered = sorted({str(key) for key in keys})
         count = len(ordered)
-        near: dict[str, set[str]] = {}
+        found: dict[str, list[list[str]]] = {}
         for prefix, rest, exact in _CUTS:
             if exact:
-                candidates: Iterable[str] = [
-                    k for k in (rest, rest + "\n") if k and _contains(ordered, k)
-                ]
+                candidates = [k for k in (rest, rest + "\n") if k and _contains(ordered, k)]
             else:
                 candidates = _starting_with(ordered, rest)
-            for key in candidates:
-                if FORBIDDEN_ENV.match(prefix + key):
-                    near.setdefault(prefix, set()).add(key)
+            # The expression over every candidate, in C: a source of many keys that all start
+            # like a denied name's end (_1, _2, ...) costs milliseconds, not a Python loop.
+            formed = list(
+                compress(candidates, map(FORBIDDEN_ENV.match, map(prefix.__add__, candidates)))
+            )
+            if formed:
+                found.setdefault(prefix, []).append(formed)
+        near = {
+            prefix: _first_and_count(lists[0] if len(lists) == 1 else sorted(set().union(*lists)))
+            for prefix, lists in found.items()
+        }
         # Keys without a newline all follow CUDA_MPS_; a digit family needs a digit (or a final
         # newline) first. Only the few candidates go through the expression itself.
         opens = {
@@ -198,7 +200,7 @@ class SourceKeys:
                 )
         return cls(
             size=count,
-            near={p: _first_and_count(sorted(found)) for p, found in near.items()},
+            near=near,
             open={r: formed for r, formed in opens.items() if formed.count},
         )
 
@@ -215,8 +217,8 @@ def _contains(ordered: list[str], key: str) -> bool:
     return at < len(ordered) and ordered[at] == key
 
 
-def _starting_with(ordered: list[str], start: str) -> Iterable[str]:
-    at = bisect_left(ordered, start)
-    while at < len(ordered) and ordered[at].startswith(start):
-        yield ordered[at]
-        at += 1
+def _starting_with(ordered: list[str], start: str) -> list[str]:
+    """The keys that start with ``start`` (not empty): those from ``start`` up to the first string
+    past every such key, ``start`` with its last character the next one."""
+    after = start[:-1] + chr(ord(start[-1]) + 1)
+    return ordered[bisect_left(ordered, start) : bisect_left(ordered, after)]
