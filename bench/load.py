@@ -57,8 +57,9 @@ TARGET_RSS_MIB = 80
 # --- the baseline server ---------------------------------------------------------------------
 
 
-def baseline_server(port: int, cert: str, key: str) -> None:
-    """A bare aiohttp HTTPS handler: parse the review, answer allowed.
+def baseline_server(port: int, cert: str, key: str, max_body: int = 1024**2) -> None:
+    """A bare aiohttp HTTPS handler: parse the review, answer allowed (reviews up to
+    ``max_body`` bytes, aiohttp's default 1 MiB unless told).
 
     It parses and encodes with orjson, as gpuwarden does, so the ratio measures gpuwarden's
     own work and not a choice of JSON library.
@@ -81,7 +82,7 @@ def baseline_server(port: int, cert: str, key: str) -> None:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(cert, key)
-    app = web.Application()
+    app = web.Application(client_max_size=max_body)
     app.add_routes(
         [web.post("/mutate", handle), web.post("/validate", handle), web.get("/healthz", healthz)]
     )

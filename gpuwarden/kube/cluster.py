@@ -19,8 +19,9 @@ not taken for a namespace without labels: :meth:`WatchedCluster.resolve_namespac
 from the API server and adds it to the cache, and the webhook refuses GPU pods when even that
 fails (``tests/webhook/test_namespace_lookup.py``).
 
-ConfigMaps: only the names of their ``data`` keys are kept (the variables an ``envFrom`` makes),
-never a value, so the validating webhook can see an ``NVIDIA_VISIBLE_DEVICES`` or ``CUDA_MPS_*``
+ConfigMaps: only what the environment check needs of their ``data`` keys is kept (SourceKeys:
+the few keys that an ``envFrom`` would make into denied variables, by prefix, and counts), never a
+value nor the other keys, so the validating webhook can see an ``NVIDIA_VISIBLE_DEVICES`` or ``CUDA_MPS_*``
 that a pod would get through a ConfigMap. The view's ``env_source_keys`` reads the cache live
 (one dict lookup, no copy per change or per admission), so a view taken earlier sees ConfigMap
 changes made since. Secrets are not read (a webhook should not hold that privilege): their keys
@@ -34,7 +35,6 @@ import json
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from pathlib import Path
@@ -44,7 +44,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj
+from gpuwarden.kube.informer import Informer, InformerStats, MappingSink, Obj, object_key
 from gpuwarden.policy import ClusterView, PriorityClassInfo
 from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.manifests import (
@@ -53,6 +53,7 @@ from gpuwarden.policy.admission.manifests import (
     namespace_labels,
     priority_class,
 )
+from gpuwarden.policy.pod.environment import SourceKeys
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
 from gpuwarden.policy.pod.resources import annotations_of, containers, metadata_of
 
@@ -153,41 +154,41 @@ EnvSourceKey = tuple[str, str, str]
 
 
 class ConfigMapKeys:
-    """Sink of ConfigMaps' key names by ``namespace/name``, written by the informer's thread.
+    """Sink of what the environment check needs of each ConfigMap (its SourceKeys: a few keys and
+    counts, never values nor the other keys), by ``namespace/name``, written by the informer's
+    thread.
 
-    Each change is one dict operation (or one swap, for a relist); nothing is copied. ConfigMaps
-    with the same key names (one per namespace of the same app, ``kube-root-ca.crt``) share one
-    frozenset. Readers use :attr:`view`.
+    Each entry remembers the ConfigMap's resourceVersion: :meth:`transform` (the informer's)
+    reuses the entry of an unchanged ConfigMap instead of indexing its keys again, so a relist
+    after a restart of the watch costs a lookup per unchanged ConfigMap. Each change is one dict
+    operation (or one swap, for a relist); readers use :attr:`view`.
     """
 
     def __init__(self) -> None:
-        self.items: dict[str, frozenset[str]] = {}
+        self.items: dict[str, tuple[str, SourceKeys]] = {}
         self.view = EnvSourceKeys(self)
-        # Sorted names -> the frozenset in use; an entry goes when no ConfigMap holds it.
-        self._shared: weakref.WeakValueDictionary[tuple[str, ...], frozenset[str]] = (
-            weakref.WeakValueDictionary()
-        )
 
-    def _share(self, names: frozenset[str]) -> frozenset[str]:
-        key = tuple(sorted(names))
-        found = self._shared.get(key)
-        if found is None:
-            self._shared[key] = found = names
-        return found
+    def transform(self, obj: Obj) -> tuple[str, SourceKeys]:
+        meta = obj.get("metadata")
+        version = str((meta.get("resourceVersion") if isinstance(meta, Mapping) else "") or "")
+        known = self.items.get(object_key(obj))
+        if version and known is not None and known[0] == version:
+            return known
+        return version, config_map_keys(obj)
 
-    def replace(self, items: Mapping[str, frozenset[str]]) -> None:
+    def replace(self, items: Mapping[str, tuple[str, SourceKeys]]) -> None:
         # One reference swap: a reader sees the old dict or the new one.
-        self.items = {key: self._share(names) for key, names in items.items()}
+        self.items = dict(items)
 
-    def upsert(self, key: str, item: frozenset[str]) -> None:
-        self.items[key] = self._share(item)
+    def upsert(self, key: str, item: tuple[str, SourceKeys]) -> None:
+        self.items[key] = item
 
     def delete(self, key: str) -> None:
         self.items.pop(key, None)
 
 
-class EnvSourceKeys(Mapping[EnvSourceKey, frozenset[str]]):
-    """Read-only live ``(kind, namespace, name) -> key names`` over a :class:`ConfigMapKeys`.
+class EnvSourceKeys(Mapping[EnvSourceKey, SourceKeys]):
+    """Read-only live ``(kind, namespace, name) -> SourceKeys`` over a :class:`ConfigMapKeys`.
 
     What :attr:`ClusterView.env_source_keys` is given: a lookup costs one dict read, whatever the
     number of ConfigMaps. Only ``ConfigMap`` entries exist (Secrets are never read).
@@ -196,11 +197,11 @@ class EnvSourceKeys(Mapping[EnvSourceKey, frozenset[str]]):
     def __init__(self, sink: ConfigMapKeys) -> None:
         self._sink = sink
 
-    def __getitem__(self, key: EnvSourceKey) -> frozenset[str]:
+    def __getitem__(self, key: EnvSourceKey) -> SourceKeys:
         kind, namespace, name = key
         if kind != "ConfigMap":
             raise KeyError(key)
-        return self._sink.items[f"{namespace}/{name}"]
+        return self._sink.items[f"{namespace}/{name}"][1]
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, tuple) or len(key) != 3 or key[0] != "ConfigMap":
@@ -260,7 +261,7 @@ class WatchedCluster:
             (
                 "configmaps",
                 core.list_config_map_for_all_namespaces,
-                config_map_keys,
+                self.config_maps.transform,
                 self.config_maps,
                 track_config_maps,
             ),

@@ -14,11 +14,13 @@ publishes it as an immutable snapshot, so readers on other threads never take a 
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
+import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -30,7 +32,12 @@ T_contra = TypeVar("T_contra", contravariant=True)
 Obj = Mapping[str, Any]
 
 HTTP_GONE = 410
-_PAGE_SIZE = 500
+# Objects per page of a list. A page is read as it arrives and parsed one object at a time (only
+# the object being parsed is held), where it was held whole and parsed at once, 500 objects of up
+# to the 1.5 MiB etcd allows (issue 29 item 5: 150 ConfigMaps of 1 MB peaked at 562 MiB, and a
+# restart was OOM-killed under the chart's 512Mi limit). Smaller pages also bound what the API
+# server assembles for one answer.
+_PAGE_SIZE = 50
 # (connect, read) seconds for each page of a list: without it, a list sent on a dead
 # connection blocks the informer for good (the watch has its own timeout).
 _LIST_TIMEOUT = (10, 60)
@@ -67,6 +74,93 @@ def _raw_events(list_func: Callable[..., Any]) -> Callable[..., Any]:
         return list_func(*args, **kwargs)
 
     return call
+
+
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"[ \t\n\r]*")
+# Bytes read from a list response at a time: an object is parsed once the text holds it whole,
+# so a chunk near the largest object's size (etcd takes 1.5 MiB) parses each about once.
+_CHUNK = 1 << 20
+
+
+class _Text:
+    """A JSON text read from ``chunks`` as parsing needs it; what was parsed is dropped, so only
+    about a chunk and the object being parsed are held."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._decoder = codecs.getincrementaldecoder("utf-8")()
+        self._text = ""
+        self._at = 0
+        self._done = False
+
+    def _more(self) -> bool:
+        if self._done:
+            return False
+        chunk = next(self._chunks, None)
+        if self._at:
+            self._text, self._at = self._text[self._at :], 0
+        if chunk is None:
+            self._text += self._decoder.decode(b"", final=True)
+            self._done = True
+        else:
+            self._text += self._decoder.decode(chunk)
+        return True
+
+    def peek(self) -> str:
+        """The next character after whitespace ("" at the end)."""
+        while True:
+            self._at = _SPACE.match(self._text, self._at).end()  # type: ignore[union-attr]
+            if self._at < len(self._text) or not self._more():
+                return self._text[self._at : self._at + 1]
+
+    def take(self, char: str) -> None:
+        if self.peek() != char:
+            raise ValueError(f"expected {char!r} in a list response")
+        self._at += 1
+
+    def value(self) -> Any:
+        self.peek()
+        while True:
+            try:
+                value, end = _DECODER.raw_decode(self._text, self._at)
+            except ValueError:
+                if self._more():
+                    continue  # cut off by the end of the chunk
+                raise
+            # A number at the very end may go on in the next chunk.
+            if end < len(self._text) or not self._more():
+                self._at = end
+                return value
+
+
+def list_fields(chunks: Iterable[bytes], on_item: Callable[[Any], None]) -> dict[str, Any]:
+    """The fields of a list response (a JSON object, read from ``chunks``) but ``items``, whose
+    elements go to ``on_item`` as each is parsed: one object of the page is held parsed at a
+    time, and neither the page's bytes nor its text are held whole. Raises ValueError on text
+    that is not such an object."""
+    text = _Text(chunks)
+    fields: dict[str, Any] = {}
+    text.take("{")
+    if text.peek() == "}":
+        return fields
+    while True:
+        key = text.value()
+        text.take(":")
+        if key == "items" and text.peek() == "[":
+            text.take("[")
+            while text.peek() != "]":
+                on_item(text.value())
+                if text.peek() == ",":
+                    text.take(",")
+                elif text.peek() != "]":
+                    raise ValueError("expected ',' or ']' in a list response")
+            text.take("]")
+        else:
+            fields[str(key)] = text.value()
+        if text.peek() == "}":
+            return fields
+        text.take(",")
 
 
 def _resource_version(obj: Obj) -> str | None:
@@ -186,6 +280,13 @@ class Informer(Generic[T]):
 
     def _list(self) -> str:
         items: dict[str, T] = {}
+
+        def keep(obj: Any) -> None:
+            if isinstance(obj, Mapping):
+                value = self._transform(obj)
+                if value is not None:
+                    items[object_key(obj)] = value
+
         token: str | None = None
         version = ""
         while True:
@@ -198,14 +299,9 @@ class Informer(Generic[T]):
                 kwargs["_continue"] = token
             response = self._list_func(**kwargs)
             try:
-                body = json.loads(response.data)
+                meta = list_fields(response.stream(_CHUNK), keep).get("metadata") or {}
             finally:
                 response.release_conn()
-            for obj in body.get("items") or ():
-                value = self._transform(obj)
-                if value is not None:
-                    items[object_key(obj)] = value
-            meta = body.get("metadata") or {}
             version = str(meta.get("resourceVersion") or version)
             token = meta.get("continue") or None
             if not token:

@@ -12,7 +12,16 @@ import pytest
 from kubernetes import client as k8s_client
 
 from gpuwarden.kube.cluster import WatchedCluster
-from gpuwarden.policy import AdmissionRequest, Decision, PolicySet, load_texts, mutate, validate
+from gpuwarden.policy import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    PolicySet,
+    load_texts,
+    mutate,
+    validate,
+)
+from gpuwarden.policy.pod.environment import SourceKeys
 
 from .support import POLICY, notebook_pod
 from .test_kube_cache import eventually
@@ -51,6 +60,12 @@ def config_map(
     key = ("ConfigMap", namespace, name)
     eventually(lambda: key in cluster.view().env_source_keys, "the new ConfigMap")
     return name
+
+
+def denied_keys(view: ClusterView, namespace: str, name: str) -> tuple[str, ...]:
+    """The keys of a cached ConfigMap that an envFrom without a prefix makes denied variables."""
+    kept = view.env_source_keys.get(("ConfigMap", namespace, name))
+    return kept.formed("").first if isinstance(kept, SourceKeys) else ()
 
 
 def judged(
@@ -95,8 +110,12 @@ def test_a_harmless_config_map_is_allowed_without_a_warning(
     assert verdict.allowed, verdict.message
     # Its keys are known, so it is not among the sources gpuwarden says it could not check.
     assert not any(name in w for w in verdict.warnings), verdict.warnings
-    # Values are never kept: only the key names.
-    assert cluster.view().env_source_keys[("ConfigMap", namespace, name)] == {"LOG_LEVEL", "MPS"}
+    # Values are never kept, nor harmless key names: only how many keys there are and, by
+    # prefix, the few that would make denied variables (CUDA_MPS_ makes every key one).
+    kept = cluster.view().env_source_keys[("ConfigMap", namespace, name)]
+    assert isinstance(kept, SourceKeys)
+    assert (kept.size, kept.near) == (2, {})
+    assert kept.formed("CUDA_MPS_").first == ("LOG_LEVEL", "MPS")
     assert ("Secret", namespace, name) not in cluster.view().env_source_keys
 
 
@@ -111,10 +130,7 @@ def test_a_key_added_later_is_seen_once_the_watch_delivers_it(
         name, namespace, {"data": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}}
     )
     eventually(
-        lambda: (
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-            in view.env_source_keys.get(("ConfigMap", namespace, name), frozenset())
-        ),
+        lambda: "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in denied_keys(view, namespace, name),
         "the added key",
     )
     verdict = judged(cluster, policies, namespace, ref)

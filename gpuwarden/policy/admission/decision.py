@@ -10,6 +10,8 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from gpuwarden.policy.pod.environment import SourceKeys
+
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 # Warnings are shorter than this (the "under 120 characters each").
 MAX_WARNING = 120
@@ -36,8 +38,12 @@ class ClusterView:
     # Keyed by namespace, never by a pod's own tenant annotation: a pod is charged to the tenant
     # of the namespace it lives in, which the policies decide.
     namespace_gpu_memory: Mapping[str, Decimal] = field(default_factory=dict)
-    # Keys of ConfigMaps and Secrets, by (kind, namespace, name), where the caller knows them.
-    env_source_keys: Mapping[tuple[str, str, str], frozenset[str]] = field(default_factory=dict)
+    # Keys of ConfigMaps and Secrets, by (kind, namespace, name), where the caller knows them:
+    # their names, or what the environment check needs of them (SourceKeys, which the webhook's
+    # cache and the manifests reader keep, computed once per ConfigMap).
+    env_source_keys: Mapping[tuple[str, str, str], SourceKeys | frozenset[str]] = field(
+        default_factory=dict
+    )
 
     def labels_for(self, namespace: str) -> Mapping[str, str]:
         return self.namespace_labels.get(namespace, {})

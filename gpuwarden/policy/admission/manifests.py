@@ -8,11 +8,11 @@ objects through the same functions.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from gpuwarden.policy.admission.decision import ClusterView, PriorityClassInfo
+from gpuwarden.policy.pod.environment import SourceKeys
 from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
 KINDS = ("Namespace", "PriorityClass", "ConfigMap")
@@ -40,17 +40,15 @@ def priority_class(obj: Mapping[str, Any]) -> PriorityClassInfo | None:
     return PriorityClassInfo(value=value, preemption_policy=str(policy))
 
 
-def config_map_keys(obj: Mapping[str, Any]) -> frozenset[str]:
-    """The names of a ConfigMap's ``data`` keys, the variables ``envFrom`` makes; never values.
+def config_map_keys(obj: Mapping[str, Any]) -> SourceKeys:
+    """What the environment check needs of a ConfigMap's ``data`` keys, the variables
+    ``envFrom`` makes (SourceKeys: the few keys that make denied variables, by prefix, and
+    counts); never values, nor the other keys.
 
-    ``binaryData`` is left out: the kubelet makes variables from ``data`` only. Names are
-    interned, so a key that many ConfigMaps share (``ca.crt`` of every namespace's
-    ``kube-root-ca.crt``) is stored once.
+    ``binaryData`` is left out: the kubelet makes variables from ``data`` only.
     """
     data = obj.get("data")
-    if not isinstance(data, Mapping):
-        return frozenset()
-    return frozenset(sys.intern(str(key)) for key in data)
+    return SourceKeys.of(data if isinstance(data, Mapping) else ())
 
 
 def _objects(docs: Iterable[Any]) -> Iterator[tuple[int, Any]]:
@@ -70,7 +68,7 @@ def cluster_view(docs: Iterable[Any], source: str) -> ClusterView:
     """The cluster these manifests describe; raises ManifestError naming ``source``."""
     labels: dict[str, Mapping[str, str]] = {}
     classes: dict[str, PriorityClassInfo] = {}
-    keys: dict[tuple[str, str, str], frozenset[str]] = {}
+    keys: dict[tuple[str, str, str], SourceKeys | frozenset[str]] = {}
     for index, obj in _objects(docs):
         where = f"{source}: document {index}"
         if not isinstance(obj, Mapping):
@@ -106,7 +104,7 @@ def merged(views: Iterable[ClusterView]) -> ClusterView:
     """One view of several files' manifests (later files win for the same object)."""
     labels: dict[str, Mapping[str, str]] = {}
     classes: dict[str, PriorityClassInfo] = {}
-    keys: dict[tuple[str, str, str], frozenset[str]] = {}
+    keys: dict[tuple[str, str, str], SourceKeys | frozenset[str]] = {}
     for view in views:
         labels.update(view.namespace_labels)
         classes.update(view.priority_classes)

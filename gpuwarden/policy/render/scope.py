@@ -16,6 +16,18 @@ On UPDATE (the validating webhook) only the updates gpuwarden checks are sent: s
 (ephemeral containers, resize) and pods that carry, or carried, its annotations or the backend
 annotations it writes.
 
+The API server's work on a condition stays small and linear in the object, whatever a tenant
+sends (issue 29 item 6). Each CEL comprehension (``exists``, ``map``) makes the API server's cost
+tracker (cel-go interpreter/runtimecost.go) push values that it never pops and search that stack
+for every attribute it reads, so iterating ``n`` elements costs it ``n`` squared: a dry run of a
+ConfigMap of 40,000 keys took seconds, and a large enough object runs out of the conditions' cost
+budget, an error that fails the request. So the conditions iterate only bounded collections: an
+object with more than :data:`MAX_CONTAINERS` containers, :data:`MAX_CONTAINER_ITEMS` env
+variables, mounts and resource names in them, or :data:`MAX_ITEMS` volumes, labels or
+annotations (:data:`MAX_CONFIG_MAP_KEYS` keys for a ConfigMap) is sent without being looked into,
+which only a size test costs (gpuwarden then decides it in linear time). Keys the policies name are
+tested with ``in``, never by iterating.
+
 :func:`review_scope` gives the same condition twice: as CEL for the API server and as a Python
 predicate, so tests can hold the predicate to the policy core and the e2e suite the CEL to the
 predicate.
@@ -71,6 +83,16 @@ ANNOTATION_PREFIXES = (OWN_PREFIX, CDI_ANNOTATION_PREFIX)
 # Annotations protected on UPDATE besides gpuwarden's own: those its backends write.
 PROTECTED_ANNOTATIONS = BACKEND_ANNOTATIONS
 
+#: The most containers (of every kind together), of env variables, volume mounts and resource
+#: names in them (all together), and of volumes, labels or annotations, that the conditions look
+#: into; a pod with more is sent. Together they bound what one evaluation iterates (about 900
+#: elements), so the API server's quadratic comprehension cost stays a few milliseconds.
+MAX_CONTAINERS = 16
+MAX_CONTAINER_ITEMS = 512
+MAX_ITEMS = 128
+#: The most keys of a ConfigMap the ConfigMap condition looks into; a larger one is sent.
+MAX_CONFIG_MAP_KEYS = 1024
+
 # What identifies each Kubeflow kind on a pod (gpuwarden.policy.pod.workloads.identify reads these
 # first): label keys, then annotation keys.
 KIND_EVIDENCE: Mapping[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -110,7 +132,7 @@ class ReviewScope:
             return True
         if any(key in annotations for key in self.annotation_keys):
             return True
-        return _checked_everywhere(pod)
+        return not _bounded(pod) or _checked_everywhere(pod)
 
     def cel(self) -> str:
         """One CEL expression for a webhook's ``matchConditions``."""
@@ -183,6 +205,74 @@ def _selector_keys(selector: LabelSelector | None) -> tuple[str, ...] | None:
     return tuple(wanted) or None
 
 
+# --- how much the conditions may iterate ----------------------------------------------------
+
+
+def _size_cel(path: str) -> str:
+    return f"(has({path}) ? size({path}) : 0)"
+
+
+_CONTAINER_ITEMS_CEL = " + ".join(
+    [
+        _size_cel("c.env"),
+        _size_cel("c.volumeMounts"),
+        f"(has(c.resources) ? {_size_cel('c.resources.limits')} + "
+        f"{_size_cel('c.resources.requests')} : 0)",
+    ]
+)
+#: Whether the pod is small enough for the conditions to look into: the container count first
+#: (size() alone), so that counting the items in them iterates at most MAX_CONTAINERS.
+_BOUNDED_CEL = " && ".join(
+    [
+        f"{' + '.join(_size_cel(f'object.spec.{f}') for f in CONTAINER_FIELDS)} <= {MAX_CONTAINERS}",
+        " + ".join(
+            f"(has(object.spec.{f}) ? object.spec.{f}.map(c, {_CONTAINER_ITEMS_CEL}).sum() : 0)"
+            for f in CONTAINER_FIELDS
+        )
+        + f" <= {MAX_CONTAINER_ITEMS}",
+        *(
+            f"{_size_cel(path)} <= {MAX_ITEMS}"
+            for path in (
+                "object.spec.volumes",
+                "object.metadata.labels",
+                "object.metadata.annotations",
+            )
+        ),
+    ]
+)
+
+
+def _count(value: object) -> int:
+    return len(value) if isinstance(value, (list, dict)) else 0
+
+
+def _container_items(body: object) -> int:
+    if not isinstance(body, dict):
+        return 0
+    resources = body.get("resources")
+    sections = (
+        _count(resources.get("limits")) + _count(resources.get("requests"))
+        if isinstance(resources, dict)
+        else 0
+    )
+    return _count(body.get("env")) + _count(body.get("volumeMounts")) + sections
+
+
+def _bounded(pod: Mapping[str, Any]) -> bool:
+    """The Python twin of _BOUNDED_CEL."""
+    spec, meta = spec_of(pod), metadata_of(pod)
+    fields = [spec.get(f) for f in CONTAINER_FIELDS]
+    if sum(_count(items) for items in fields) > MAX_CONTAINERS:
+        return False
+    items = sum(_container_items(c) for f in fields if isinstance(f, list) for c in f)
+    if items > MAX_CONTAINER_ITEMS:
+        return False
+    return all(
+        _count(value) <= MAX_ITEMS
+        for value in (spec.get("volumes"), meta.get("labels"), meta.get("annotations"))
+    )
+
+
 # --- what every policy set checks ----------------------------------------------------------
 
 
@@ -204,6 +294,7 @@ _CONTAINER_CEL = (
 )
 _POD_CEL = " || ".join(
     [
+        f"!({_BOUNDED_CEL})",
         *(
             f"(has(object.spec.{field}) && object.spec.{field}.exists(c, {_CONTAINER_CEL}))"
             for field in CONTAINER_FIELDS
@@ -228,7 +319,11 @@ def _protected_cel(var: str) -> str:
     tests = " || ".join(
         [f'k.startsWith("{OWN_PREFIX}")', *(f'k == "{a}"' for a in PROTECTED_ANNOTATIONS)]
     )
-    return f"(has({var}.metadata.annotations) && {var}.metadata.annotations.exists(k, {tests}))"
+    annotations = f"{var}.metadata.annotations"
+    return (
+        f"(has({annotations}) && (size({annotations}) > {MAX_ITEMS} || "
+        f"{annotations}.exists(k, {tests})))"
+    )
 
 
 _UPDATE_CEL = (
@@ -239,8 +334,9 @@ _UPDATE_CEL = (
 
 
 def _protected(pod: Mapping[str, Any]) -> bool:
-    return any(
-        key.startswith(OWN_PREFIX) or key in PROTECTED_ANNOTATIONS for key in annotations_of(pod)
+    annotations = annotations_of(pod)
+    return len(annotations) > MAX_ITEMS or any(
+        key.startswith(OWN_PREFIX) or key in PROTECTED_ANNOTATIONS for key in annotations
     )
 
 
@@ -308,19 +404,21 @@ def _checked_everywhere(pod: Mapping[str, Any]) -> bool:
 # --- ConfigMaps -----------------------------------------------------------------------------
 
 #: Only ConfigMaps holding a key that an envFrom could turn into a variable the isolation checks
-#: read are sent (validate.validate_config_map judges them); other ConfigMap writes never wait
-#: on gpuwarden.
+#: read are sent (validate.validate_config_map judges them), and those with more keys than the
+#: condition looks into; other ConfigMap writes never wait on gpuwarden.
 CONFIG_MAP_CEL = (
     'request.kind.group == "" && request.kind.kind == "ConfigMap" && has(object.data) && '
-    f"object.data.exists(k, {_ENV_TEST.replace('e.name', 'k')})"
+    f"(size(object.data) > {MAX_CONFIG_MAP_KEYS} || "
+    f"object.data.exists(k, {_ENV_TEST.replace('e.name', 'k')}))"
 )
 
 
 def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
     """The Python twin of :data:`CONFIG_MAP_CEL`."""
     data = config_map.get("data")
-    return isinstance(data, dict) and any(
-        isinstance(k, str) and (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) for k in data
+    return isinstance(data, dict) and (
+        len(data) > MAX_CONFIG_MAP_KEYS
+        or any(isinstance(k, str) and (k.startswith(ENV_PREFIXES) or k in ENV_NAMES) for k in data)
     )
 
 

@@ -21,76 +21,20 @@ from gpuwarden.policy.admission.checks.base import (
 from gpuwarden.policy.admission.decision import ClusterView
 from gpuwarden.policy.admission.mutate import plan
 from gpuwarden.policy.admission.placement import Placement
+from gpuwarden.policy.pod.environment import (
+    FORBIDDEN_ENV,
+    NOTHING,
+    Formed,
+    SourceKeys,
+    escape_effect,
+    prefix_reaches,
+    reached_name,
+)
 from gpuwarden.policy.pod.resources import (
     ContainerRef,
 )
 from gpuwarden.policy.spec.model import HamiBackend
 from gpuwarden.policy.spec.policyset import PolicySet
-
-# Variables HAMi-core's limiter (libvgpu.so, preloaded on Volcano vGPU and HAMi nodes) reads: a
-# container that sets them switches the limiter off or moves its caps. CUDA_DISABLE_CONTROL makes
-# both device plugins skip /etc/ld.so.preload (Allocate in Project-HAMi/volcano-vgpu-device-plugin
-# pkg/plugin/server.go and Project-HAMi/HAMi pkg/device-plugin/nvidiadevice/nvinternal/plugin/
-# server.go); the others are read by Project-HAMi/HAMi-core src/multiprocess/
-# multiprocess_memory_limit.c, and a pod's own env comes after the device plugin's, so it wins.
-_LIMITER_ENV = re.compile(
-    r"^(CUDA_DISABLE_CONTROL|GPU_CORE_UTILIZATION_POLICY|CUDA_DEVICE_MEMORY_LIMIT(_\d+)?"
-    r"|CUDA_DEVICE_SM_LIMIT(_\d+)?|CUDA_DEVICE_MEMORY_SHARED_CACHE|CUDA_OVERSUBSCRIBE"
-    r"|CUDA_TASK_PRIORITY)$"
-)
-# NVIDIA's container toolkit also reads (internal/config/image/envvars.go in
-# NVIDIA/nvidia-container-toolkit): NVIDIA_MIG_CONFIG_DEVICES and NVIDIA_MIG_MONITOR_DEVICES, MIG
-# configuration and monitoring of the node's GPUs (the runtime hook refuses them outside privileged
-# containers, cmd/nvidia-container-runtime-hook/container_config.go), and NVIDIA_IMEX_CHANNELS,
-# the IMEX channels through which jobs share GPU memory across nodes (honoured unless the
-# toolkit's ignore-imex-channel-requests feature is on).
-_FORBIDDEN_ENV = re.compile(
-    r"^(NVIDIA_VISIBLE_DEVICES|NVIDIA_DRIVER_CAPABILITIES|NVIDIA_MIG_CONFIG_DEVICES"
-    r"|NVIDIA_MIG_MONITOR_DEVICES|NVIDIA_IMEX_CHANNELS|CUDA_MPS_.*)$|" + _LIMITER_ENV.pattern
-)
-# One name of each shape _FORBIDDEN_ENV matches: what an envFrom prefix may be the start of.
-_FORBIDDEN_SHAPES = (
-    "NVIDIA_VISIBLE_DEVICES",
-    "NVIDIA_DRIVER_CAPABILITIES",
-    "NVIDIA_MIG_CONFIG_DEVICES",
-    "NVIDIA_MIG_MONITOR_DEVICES",
-    "NVIDIA_IMEX_CHANNELS",
-    "CUDA_MPS_",
-    "CUDA_DISABLE_CONTROL",
-    "GPU_CORE_UTILIZATION_POLICY",
-    "CUDA_DEVICE_MEMORY_LIMIT_0",
-    "CUDA_DEVICE_SM_LIMIT_0",
-    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-    "CUDA_OVERSUBSCRIBE",
-    "CUDA_TASK_PRIORITY",
-)
-
-
-def _escape_effect(name: str) -> str:
-    if _LIMITER_ENV.match(name):
-        return "can lift the GPU caps HAMi-core's limiter holds the pod to"
-    if name.startswith("NVIDIA_MIG_"):
-        return "asks NVIDIA's container toolkit to configure or monitor MIG on the node's GPUs"
-    if name == "NVIDIA_IMEX_CHANNELS":
-        return "asks NVIDIA's container toolkit for IMEX channels, where jobs share GPU memory"
-    return "can escape GPU isolation"
-
-
-def _prefix_reaches(prefix: str) -> bool:
-    """Whether some key makes ``prefix + key`` a variable the environment check denies (the
-    empty prefix reaches them all)."""
-    if any(len(shape) > len(prefix) and shape.startswith(prefix) for shape in _FORBIDDEN_SHAPES):
-        return True
-    # A prefix that already holds the start of an open name: CUDA_MPS_X, CUDA_DEVICE_SM_LIMIT_1.
-    return any(_FORBIDDEN_ENV.match(prefix + tail) for tail in ("X", "0"))
-
-
-def _reached_name(prefix: str) -> str:
-    """A denied variable that ``prefix`` and some key make (for a prefix that reaches one)."""
-    for shape in _FORBIDDEN_SHAPES:
-        if len(shape) > len(prefix) and shape.startswith(prefix):
-            return shape if shape != "CUDA_MPS_" else "CUDA_MPS_PIPE_DIRECTORY"
-    return prefix + ("X" if _FORBIDDEN_ENV.match(prefix + "X") else "0")
 
 
 def _owned_env(placement: Placement) -> Mapping[str, str]:
@@ -127,12 +71,13 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
     fields = ("ephemeralContainers",) if request_kind(context.request) == DEBUG else ()
     owned = _owned_env(placement)
     targets = set(placement.containers)
+    sources = _EnvSourceReader(cluster, context.request.namespace)
     for ref in context.view.containers(*fields):
         mine = owned if ref.field == "containers" and ref.name in targets else {}
         gpus = context.view.gpus(ref).devices
         for entry in ref.env():
             name = str(entry.get("name", ""))
-            if _FORBIDDEN_ENV.match(name):
+            if FORBIDDEN_ENV.match(name):
                 if name in mine and entry.get("value") == mine[name] and "valueFrom" not in entry:
                     continue
                 if _written_by_hamis_webhook(name, entry, ref, placement):
@@ -140,7 +85,7 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
                 yield Violation(
                     "environment",
                     "GPUIsolationEscape",
-                    f"{container_path(ref)}.env[{name}]: setting {name} {_escape_effect(name)}; "
+                    f"{container_path(ref)}.env[{name}]: setting {name} {escape_effect(name)}; "
                     "remove it (gpuwarden and the device plugin set what is needed)",
                 )
             elif name == "CUDA_VISIBLE_DEVICES":
@@ -151,7 +96,7 @@ def _environment(context: CheckContext) -> Iterator[Violation]:
                         "GPUIsolationEscape",
                         f"{container_path(ref)}.env[CUDA_VISIBLE_DEVICES]: {problem}; remove it",
                     )
-        yield from _env_from_violations(ref, cluster, context.request.namespace)
+        yield from _env_from_violations(ref, sources)
 
 
 def _visible_devices_problem(value: str, gpus: int) -> str | None:
@@ -178,41 +123,85 @@ def _env_sources(ref: ContainerRef) -> Iterator[tuple[str, str, str]]:
                 yield kind, str(target["name"]), prefix
 
 
-def _env_from_violations(
-    ref: ContainerRef, cluster: ClusterView, namespace: str
-) -> Iterator[Violation]:
+class _EnvSourceReader:
+    """The envFrom sources of one decision, each read once: a source's keys as SourceKeys (the
+    webhook's cache keeps them so; a file's or a test's plain key names are indexed here, once),
+    and what each (source, prefix) forms. A pod naming a source of many keys in hundreds of
+    entries costs one lookup per entry (issue 29)."""
+
+    def __init__(self, cluster: ClusterView, namespace: str) -> None:
+        self._cluster = cluster
+        self._namespace = namespace
+        self._keys: dict[tuple[str, str], SourceKeys | None] = {}
+        self._formed: dict[tuple[str, str, str], tuple[Formed, bool]] = {}
+
+    def keys(self, kind: str, name: str) -> SourceKeys | None:
+        """The source's keys, None when gpuwarden does not know them."""
+        if (kind, name) not in self._keys:
+            known = self._cluster.env_source_keys.get((kind, self._namespace, name))
+            if known is not None and not isinstance(known, SourceKeys):
+                known = SourceKeys.of(known)
+            self._keys[(kind, name)] = known
+        return self._keys[(kind, name)]
+
+    def formed(self, kind: str, name: str, prefix: str) -> tuple[Formed, bool]:
+        """The keys ``prefix`` turns into denied variables, and whether it could at all."""
+        found = self._formed.get((kind, name, prefix))
+        if found is None:
+            keys = self.keys(kind, name)
+            formed = keys.formed(prefix) if keys is not None else NOTHING
+            found = self._formed[(kind, name, prefix)] = (formed, prefix_reaches(prefix))
+        return found
+
+
+def _env_from_violations(ref: ContainerRef, sources: _EnvSourceReader) -> Iterator[Violation]:
     """envFrom makes a source's keys into variables at every container start, so a source is
     judged by what it could hold, not only by what it holds now:
 
-    * a known ConfigMap's keys that make denied variables are denied by name;
+    * a known ConfigMap's keys that make denied variables are denied by name (the first few of
+      each entry, then how many more);
     * a prefix that some key would turn into a denied variable (NVIDIA_, CUDA_MPS_, C) is denied
       whatever the source holds now: gpuwarden judges a ConfigMap's own keys when it changes,
       without the prefix of each pod that reads it;
     * without such a prefix, a source whose keys gpuwarden cannot read is denied: Secrets (the
       webhook never reads them) and ConfigMaps it does not know (not created yet). A prefix that
       reaches no denied variable (APP_) makes any source safe, whatever its keys.
+
+    An entry that repeats an earlier one of the container (same source, same prefix) is judged
+    once.
     """
+    seen: set[tuple[str, str, str]] = set()
     for kind, name, prefix in _env_sources(ref):
+        if (kind, name, prefix) in seen:
+            continue
+        seen.add((kind, name, prefix))
         where = f"{container_path(ref)}.envFrom[{name}]"
-        known = cluster.env_source_keys.get((kind, namespace, name))
-        formed = [key for key in sorted(known or ()) if _FORBIDDEN_ENV.match(prefix + key)]
-        for key in formed:
+        formed, reaches = sources.formed(kind, name, prefix)
+        for key in formed.first:
             yield Violation(
                 "environment",
                 "GPUIsolationEscape",
                 f"{where}: {kind} key {key} sets {prefix + key}, which "
-                f"{_escape_effect(prefix + key)}; remove that key",
+                f"{escape_effect(prefix + key)}; remove that key",
             )
-        if formed or not _prefix_reaches(prefix):
+        if formed.count > len(formed.first):
+            yield Violation(
+                "environment",
+                "GPUIsolationEscape",
+                f"{where}: {formed.count - len(formed.first)} more {kind} keys set denied "
+                f"variables{f' with prefix {prefix}' if prefix else ''}; remove them",
+            )
+        if formed.count or not reaches:
             continue
+        known = sources.keys(kind, name)
         if prefix:
-            variable = _reached_name(prefix)
+            variable = reached_name(prefix)
             yield Violation(
                 "environment",
                 "GPUIsolationEscape",
                 f"{where}: prefix {prefix} makes {kind} keys into {prefix}* variables: a key "
                 f"{variable[len(prefix) :]}, now or added later, would set {variable}, which "
-                f"{_escape_effect(variable)}; use another prefix (APP_, say)",
+                f"{escape_effect(variable)}; use another prefix (APP_, say)",
             )
         elif known is None and kind == "Secret":
             yield Violation(
@@ -435,11 +424,11 @@ def config_map_violations(config_map: Mapping[str, Any]) -> list[Violation]:
         Violation(
             "environment",
             "GPUIsolationEscape",
-            f"data[{key}]: a pod's envFrom would set {key}, which {_escape_effect(key)}; rename "
+            f"data[{key}]: a pod's envFrom would set {key}, which {escape_effect(key)}; rename "
             "or remove the key",
         )
         for key in sorted(str(k) for k in (data if isinstance(data, Mapping) else {}))
-        if _FORBIDDEN_ENV.match(key)
+        if FORBIDDEN_ENV.match(key)
     ]
 
 
