@@ -38,6 +38,18 @@ def apply_patch(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
     return result
 
 
+def enforced(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
+    """Mutate, then validate the pod as the patch leaves it, as enforcing would, whatever the
+    enforcementAction (`gpuwarden audit` asks what enforcing would do). A pod the mutation
+    placed and left as it was is decided once: the validation reuses what the mutation read
+    and placed. A pod the patch changed is read and placed again, as the API server's
+    validating call would: the patch's annotations and GPU counts can move it to another rule."""
+    mutated = mutation(request, policies, cluster)
+    final = request._replace(pod=mutated.pod)
+    validation = enforced_validation(final, policies, cluster, placed=mutated.placed)
+    return Admission(mutated.decision, validation, mutated.pod)
+
+
 def admit(
     request: AdmissionRequest,
     policies: PolicySet,
@@ -45,19 +57,13 @@ def admit(
     *,
     default_action: EnforcementAction = "enforce",
 ) -> Admission:
-    """Mutate, then validate the pod as the patch leaves it. A pod the mutation placed and left
-    as it was is decided once: the validation reuses what the mutation read and placed. A pod
-    the patch changed is read and placed again, as the API server's validating call would: the
-    patch's annotations and GPU counts can move it to another rule.
-
-    Under the pod's enforcementAction (``default_action`` where the policies set none), as the
-    webhooks answer: under audit and dryrun nothing is denied, and under dryrun the pod is
-    stored as it was sent (rollout.py)."""
-    mutated = mutation(request, policies, cluster)
-    final = request._replace(pod=mutated.pod)
-    validation = enforced_validation(final, policies, cluster, placed=mutated.placed)
-    action = policies.action_for(validation.tenant or mutated.decision.tenant, default_action)
+    """What the webhooks answer, in order (see enforced()), under the pod's enforcementAction
+    (``default_action`` where the policies set none): under audit and dryrun nothing is denied,
+    and under dryrun the pod is stored as it was sent (rollout.py)."""
+    result = enforced(request, policies, cluster)
+    mutated, validation = result.mutation, result.validation
+    action = policies.action_for(validation.tenant or mutated.tenant, default_action)
     if action == "enforce":
-        return Admission(mutated.decision, validation, mutated.pod)
-    pod = request.pod if action == "dryrun" else mutated.pod
-    return Admission(reported(mutated.decision, action), audited(validation, action), pod)
+        return result
+    pod = request.pod if action == "dryrun" else result.pod
+    return Admission(reported(mutated, action), audited(validation, action), pod)
