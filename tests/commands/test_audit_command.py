@@ -212,3 +212,28 @@ def test_unknown_namespace_labels_are_warned(
     _, err = capsys.readouterr()
     assert code == 1
     assert "warning: namespace tenant-a: its labels are unknown" in err
+
+
+def test_apply_and_explain_give_the_webhooks_answer_under_audit(
+    dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--enforcement-action` is the webhook's flag: the same decision, offline."""
+    items = yaml.safe_load(dump.read_text())["items"]
+    privileged = tmp_path / "privileged.yaml"
+    privileged.write_text(yaml.safe_dump(items[2]))
+    common = ["-p", str(POLICIES), "--namespaces", str(NAMESPACES), str(privileged)]
+    assert main(["explain", *common]) == 1
+    assert "  verdict:  denied: gpuwarden denied the pod" in capsys.readouterr().out
+    assert main(["explain", "--enforcement-action", "audit", *common]) == 0
+    out = capsys.readouterr().out
+    assert "  verdict:  allowed (audit); enforced: gpuwarden denied the pod" in out
+    assert main(["apply", "--enforcement-action", "audit", *common]) == 0
+    err = capsys.readouterr().err
+    assert "warning: tenant-a/privileged: gpuwarden (audit) would deny the pod:" in err
+    notebook = tmp_path / "notebook.yaml"
+    notebook.write_text(yaml.safe_dump(items[0]))
+    dryrun = ["apply", "--enforcement-action", "dryrun", "-o", "patch", "-p", str(POLICIES)]
+    assert main([*dryrun, "--namespaces", str(NAMESPACES), str(notebook)]) == 0
+    out, err = capsys.readouterr()
+    assert out == "[]\n"
+    assert "gpuwarden (dryrun): the pod is left as sent" in err
