@@ -12,7 +12,7 @@ import pytest
 from gpuwarden.policy.pod import keys
 from gpuwarden.webhook.app import Settings
 
-from .support import Webhook, apply_response, notebook_pod, review
+from .support import BAD_POLICY, Webhook, apply_response, notebook_pod, review
 from .test_denials_http import POLICY
 
 
@@ -79,3 +79,19 @@ async def test_dryrun_leaves_the_pod_unpatched(
     response = await hook.admit("validate", review(pod))
     assert response["allowed"] is True
     assert "allows at most 2 per pod" in " ".join(response["warnings"])
+
+
+async def test_with_no_valid_policy_an_auditing_webhook_refuses_nothing(
+    make_webhook: Callable[..., Any], workdir: Any
+) -> None:
+    """The flag holds where no policy can say otherwise: a GPU pod goes ahead, the validating
+    webhook saying (once) that enforcing would refuse it."""
+    workdir.write_policy(BAD_POLICY)
+    hook: Webhook = await make_webhook(settings=Settings(enforcement_action="audit"))
+    mutation = await hook.admit("mutate", review(notebook_pod()))
+    assert mutation["allowed"] is True and "warnings" not in mutation
+    response = await hook.admit("validate", review(notebook_pod()))
+    assert response["allowed"] is True
+    said = " ".join(response["warnings"])
+    assert said.startswith("gpuwarden (audit) would refuse the pod: gpuwarden has no valid GPU")
+    assert response["auditAnnotations"]["would-deny"] == "gpuwarden-no-policy"

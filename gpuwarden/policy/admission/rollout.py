@@ -23,6 +23,7 @@ from gpuwarden.policy.admission.decision import (
 )
 from gpuwarden.policy.spec.model import EnforcementAction
 
+_DENIED = "gpuwarden denied the"
 #: The ``audited`` of a dryrun mutation whose patch was reported, not applied.
 MUTATION = "mutation"
 # The largest patch value shown in a dryrun warning line (warning() cuts the line anyway).
@@ -45,9 +46,11 @@ def audited(decision: Decision, action: EnforcementAction) -> Decision:
     if action == "enforce" or decision.allowed:
         return decision
     check = denied_check(decision)
-    said = decision.message.replace(
-        "gpuwarden denied the", f"gpuwarden ({action}) would deny the", 1
-    )
+    message = decision.message
+    if message.startswith(_DENIED):
+        said = f"gpuwarden ({action}) would deny the{message.removeprefix(_DENIED)}"
+    else:  # a refusal that is no check's (no policy loaded, the namespace unreadable)
+        said = f"gpuwarden ({action}) would refuse the pod: {message}"
     lines = _lines(said)
     annotations = {
         **{k: v for k, v in decision.audit_annotations.items() if k not in ("denied-by", "reason")},
