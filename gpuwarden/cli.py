@@ -10,6 +10,7 @@ from typing import Protocol
 
 from gpuwarden.commands import (
     apply,
+    audit,
     certs,
     explain,
     lint,
@@ -46,6 +47,7 @@ COMMANDS: dict[str, Command] = {
     "test": test,
     "explain": explain,
     "render": render,
+    "audit": audit,
     "serve": serve,
     "certs": certs,
     "node-agent": node_agent,

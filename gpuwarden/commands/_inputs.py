@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import yaml
 
@@ -23,6 +23,7 @@ from gpuwarden.policy import (
 )
 from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.decision import Operation
+from gpuwarden.policy.spec.model import EnforcementAction
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 # A namespace name is a DNS label (RFC 1123), as the API server checks it.
@@ -238,6 +239,13 @@ def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FI
         "-n",
         metavar="NS",
         help="namespace for every pod (default: each pod's own, else default)",
+    )
+    parser.add_argument(
+        "--enforcement-action",
+        choices=get_args(EnforcementAction),
+        default="enforce",
+        help="the webhook's --enforcement-action (the chart's webhook.enforcementAction): the "
+        "enforcementAction of policies that set none (default enforce)",
     )
     parser.add_argument(
         "--strict",

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     denied = False
     pods: list[object] = []
     for item in inputs:
-        result = admit(item.request, policies, cluster)
+        result = admit(item.request, policies, cluster, default_action=args.enforcement_action)
         for line in result.warnings:
             eprint(f"warning: {item.label}: {line}")
         decision = result.mutation

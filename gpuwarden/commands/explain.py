@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
         placement = place(
             request.pod, request.namespace, cluster.labels_for(request.namespace), policies
         )
-        result = admit(request, policies, cluster)
+        result = admit(request, policies, cluster, default_action=args.enforcement_action)
         out.write(f"pod {item.label} ({item.source})\n")
         out.write(f"  tenant:   {placement.tenant_reason}\n")
         labels = cluster.labels_for(request.namespace)
@@ -74,7 +74,12 @@ def run(args: argparse.Namespace) -> int:
         # What the API server would show the user: the backend's limits, caps and reservations.
         for line in result.mutation.warnings:
             out.write(f"  warning:  {line.removeprefix('gpuwarden: ')}\n")
-        if result.allowed:
+        would_deny = result.validation.audit_annotations.get("would-deny-message")
+        if result.allowed and would_deny:
+            # Under audit or dryrun: admitted, and what enforcing would have said.
+            action = policies.action_for(result.validation.tenant, args.enforcement_action)
+            out.write(f"  verdict:  allowed ({action}); enforced: {would_deny}\n")
+        elif result.allowed:
             out.write("  verdict:  allowed\n")
         else:
             denied = True

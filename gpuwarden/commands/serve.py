@@ -8,10 +8,12 @@ import re
 import resource
 import sys
 from pathlib import Path
+from typing import get_args
 
 from gpuwarden.certs.material import LOCAL_NAMES, serving_names
 from gpuwarden.kube.client import KubeConfigError
 from gpuwarden.policy.admission.manifests import ManifestError
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.webhook import logs
 from gpuwarden.webhook.app import DEFAULT_BODY_BYTES_IN_FLIGHT, DEFAULT_MAX_BODY, Settings
 from gpuwarden.webhook.connections import ConnectionLimits
@@ -151,6 +153,14 @@ def _behaviour_options(parser: argparse.ArgumentParser) -> None:
         choices=("allow", "deny"),
         default="deny",
         help="answer to a request gpuwarden fails to evaluate (default deny)",
+    )
+    behaviour.add_argument(
+        "--enforcement-action",
+        choices=get_args(EnforcementAction),
+        default="enforce",
+        help="enforcementAction of the served policies that set none (default enforce): audit "
+        "admits what would be denied, with warnings, audit annotations and a metric; dryrun "
+        "also leaves pods unchanged, their patch only reported (docs/rollout.md)",
     )
     behaviour.add_argument(
         "--deadline",
@@ -317,6 +327,7 @@ def config_from(args: argparse.Namespace, *, open_files: int | None = None) -> S
         workers=args.workers,
         settings=Settings(
             failure_mode=args.failure_mode,
+            enforcement_action=args.enforcement_action,
             deadline=args.deadline,
             max_body=args.max_body_bytes,
             max_body_in_flight=args.max_body_bytes_in_flight,

@@ -20,6 +20,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from gpuwarden.kube.cluster import ClusterSource
 from gpuwarden.policy import Decision
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.webhook.decide import Endpoint, FailureMode, decide, failure_decision
 from gpuwarden.webhook.logs import AdmissionLog
 from gpuwarden.webhook.metrics import CONTENT_TYPE, Metrics
@@ -57,6 +58,8 @@ class Settings:
     namespace_lookup_timeout: float = 2.0
     # With --client-ca: admission requests must come with a verified client certificate.
     require_client_certificate: bool = False
+    # `serve --enforcement-action`: the enforcementAction of policies that set none.
+    enforcement_action: EnforcementAction = "enforce"
 
 
 class BodyRefused(Exception):
@@ -369,6 +372,7 @@ class AdmissionHandler:
             self.ctx.cluster.view(),
             policy_error=state.error,
             namespace_error=namespace_error,
+            default_action=self.ctx.settings.enforcement_action,
         )
 
     def _needs_namespace(self, review: Review) -> bool:
@@ -654,29 +658,34 @@ class AdmissionHandler:
         elapsed = time.perf_counter() - started
         verdict = "error" if failed else decision.verdict
         self._count(verdict, decision)
+        if decision.audited is not None:
+            tenant, _ = _names(decision)
+            self.ctx.metrics.audited.labels(self.endpoint, tenant, decision.audited).inc()
         self._latency.observe(elapsed)
         allowed = decision.allowed
-        self.ctx.admission_log.write(
-            {
-                "uid": review.uid,
-                "endpoint": self.endpoint,
-                "operation": review.operation,
-                "namespace": review.namespace,
-                "pod": review.pod_name,
-                "kind": review.kind,
-                "tenant": decision.tenant,
-                "profile": decision.profile,
-                "rule": decision.rule,
-                "decision": verdict,
-                # Why a request was denied, as the user read it (logs.py bounds its length).
-                "reason": None if allowed else decision.reason,
-                "message": None if allowed else decision.message,
-                "patched": mutating and allowed and bool(decision.patch),
-                "dry_run": review.dry_run,
-                "duration_ms": round(elapsed * 1000, 3),
-                "worker": self.pid,
-            }
-        )
+        fields = {
+            "uid": review.uid,
+            "endpoint": self.endpoint,
+            "operation": review.operation,
+            "namespace": review.namespace,
+            "pod": review.pod_name,
+            "kind": review.kind,
+            "tenant": decision.tenant,
+            "profile": decision.profile,
+            "rule": decision.rule,
+            "decision": verdict,
+            # Why a request was denied, as the user read it (logs.py bounds its length).
+            "reason": None if allowed else decision.reason,
+            "message": None if allowed else decision.message,
+            "patched": mutating and allowed and bool(decision.patch),
+            "dry_run": review.dry_run,
+            "duration_ms": round(elapsed * 1000, 3),
+            "worker": self.pid,
+        }
+        if decision.audited is not None:
+            # Under audit or dryrun: the check that would have denied, or "mutation".
+            fields["audited"] = decision.audited
+        self.ctx.admission_log.write(fields)
         return response
 
 

@@ -9,6 +9,7 @@ from pydantic.alias_generators import to_camel
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
 from gpuwarden.policy.admission.mutate import Placed
 from gpuwarden.policy.admission.placement import place
+from gpuwarden.policy.admission.rollout import audited
 from gpuwarden.policy.admission.validate import (
     ESCAPE_CHECKS,
     MAX_MESSAGE,
@@ -17,6 +18,7 @@ from gpuwarden.policy.admission.validate import (
 )
 from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.pod.view import PodView
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
@@ -60,8 +62,12 @@ def decide(
     *,
     policy_error: str | None = None,
     namespace_error: str | None = None,
+    default_action: EnforcementAction = "enforce",
 ) -> Decision:
     """The decision for one review; raises ReviewError for a request that makes no sense.
+
+    ``default_action`` (``serve --enforcement-action``) is the enforcementAction of policies
+    that set none; with no policy loaded it decides alone whether GPU pods are refused.
 
     ``namespace_error`` says the request's namespace is not in ``cluster`` and could not be
     read: its tenant is unknown, so GPU pods are refused (fail closed for gpuwarden's scope),
@@ -73,7 +79,9 @@ def decide(
         # only; with no policy loaded, ConfigMaps go ahead like every other non-GPU object).
         if endpoint != "validate" or policies is None or review.obj is None:
             return Decision()
-        return validate_config_map(review.admission_request(), policies, cluster)
+        return validate_config_map(
+            review.admission_request(), policies, cluster, default_action=default_action
+        )
     if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
         return Decision()
     if review.obj is None:
@@ -87,30 +95,43 @@ def decide(
     if policies is None:
         # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
         if _guarded_gpu_pod(review):
-            return Decision(
+            refused = Decision(
                 allowed=False,
                 code=403,
                 reason="Forbidden",
                 message=no_policy_message(policy_error),
                 rule=NO_POLICY_REASON,
             )
+            return _refusal(endpoint, refused, default_action)
         return Decision()
     if namespace_error is not None:
+        # The tenant is unknown: the set's own action, or the webhook's.
+        action = policies.action_for(None, default_action)
         if _guarded_gpu_pod(review):
-            return Decision(
+            refused = Decision(
                 allowed=False,
                 code=503,
                 reason="ServiceUnavailable",
                 message=namespace_unknown_message(review.namespace, namespace_error),
                 rule=NAMESPACE_UNKNOWN_RULE,
             )
+            return _refusal(endpoint, refused, action)
         if endpoint == "validate":
-            return _escapes_without_namespace(review, policies, cluster, namespace_error)
+            escapes = _escapes_without_namespace(review, policies, cluster, namespace_error)
+            return audited(escapes, action)
         return Decision()
     request = review.admission_request()
     if endpoint == "mutate":
-        return mutate(request, policies, cluster)
-    return validate(request, policies, cluster)
+        return mutate(request, policies, cluster, default_action=default_action)
+    return validate(request, policies, cluster, default_action=default_action)
+
+
+def _refusal(endpoint: Endpoint, refused: Decision, action: EnforcementAction) -> Decision:
+    """A refusal both webhooks answer when enforced; under audit and dryrun the validating one
+    reports it (once) and the mutating one lets the pod through."""
+    if action == "enforce":
+        return refused
+    return audited(refused, action) if endpoint == "validate" else Decision()
 
 
 def _escapes_without_namespace(

@@ -52,6 +52,14 @@ class Metrics:
             ["endpoint", "decision", "tenant", "profile"],
             registry=r,
         )
+        self.audited = Counter(
+            "gpuwarden_admission_audit_total",
+            "Requests answered under enforcementAction audit or dryrun that enforcing would have "
+            "denied (check: the check that would deny) or mutated (check: mutation, dryrun only), "
+            "by endpoint, tenant and check.",
+            ["endpoint", "tenant", "check"],
+            registry=r,
+        )
         self.latency = Histogram(
             "gpuwarden_admission_duration_seconds",
             "Time from the request's arrival to its answer.",

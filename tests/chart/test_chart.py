@@ -791,3 +791,19 @@ def test_container_args_parse_with_the_real_cli(
         build_parser().parse_args(args)
     except SystemExit:
         pytest.fail(f"{which}: gpuwarden rejects {args}: {capsys.readouterr().err}")
+
+
+def test_the_enforcement_action_reaches_serve(default: Rendering) -> None:
+    """webhook.enforcementAction is serve's --enforcement-action: the default for the served
+    policies (issue 32, item 1); a value serve would refuse fails at template time."""
+
+    def action(rendering: Rendering) -> str:
+        container = rendering.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+        return config_from(build_parser().parse_args(container["args"])).settings.enforcement_action
+
+    assert action(default) == "enforce"
+    assert action(template(sets={"webhook.enforcementAction": "audit"})) == "audit"
+    assert action(template(sets={"webhook.enforcementAction": "dryrun"})) == "dryrun"
+    assert "one of enforce, audit, dryrun" in template_error(
+        sets={"webhook.enforcementAction": "Audit"}
+    )

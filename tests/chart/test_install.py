@@ -188,8 +188,8 @@ MISTAKES: dict[str, tuple[Any, str]] = {
     "kind": ({**POLICY, "kind": "GPUPolicey"}, 'kind: must be "GPUPolicy", got "GPUPolicey"'),
     "bare-spec": (
         {"profiles": [{"name": "a"}], "profile": "a"},
-        "profile: unknown field (allowed here: backend, defaultProfile, gpuDeviceClasses, mps, "
-        "profiles",
+        "profile: unknown field (allowed here: backend, defaultProfile, enforcementAction, "
+        "gpuDeviceClasses, mps, profiles",
     ),
 }
 
@@ -419,3 +419,13 @@ def test_install_command_renders_the_image_policies_and_tenant_objects(
     assert expected, "the default policies imply tenant objects"
     passed = [o for o in rendering.objects if o["kind"] in {e["kind"] for e in expected}]
     assert passed == expected
+
+
+def test_notes_say_when_the_webhook_only_audits(default_notes: str) -> None:
+    assert "enforcementAction:" not in default_notes
+    audit = _notes("--set", "webhook.enforcementAction=audit")
+    assert "enforcementAction: audit (webhook.enforcementAction)" in audit
+    assert "pods the policies would deny are admitted" in audit
+    assert "left as sent" not in audit
+    dryrun = _notes("--set", "webhook.enforcementAction=dryrun")
+    assert "pods are left as sent, their patch only reported" in dryrun

@@ -80,6 +80,9 @@ class Decision(NamedTuple):
     tenant: str | None = None
     profile: str | None = None
     rule: str | None = None
+    # Under audit or dryrun (rollout.py): the check that would have denied, or "mutation" for a
+    # patch only reported; None where the decision is enforced as it reads.
+    audited: str | None = None
 
     def patch_bytes(self) -> bytes:
         """The JSON Patch exactly as both the webhook and `gpuwarden apply -o patch` emit it:

@@ -16,6 +16,7 @@ from gpuwarden.policy.admission.decision import (
 )
 from gpuwarden.policy.admission.patch import PatchBuilder
 from gpuwarden.policy.admission.placement import ContainerGrant, Placement, place
+from gpuwarden.policy.admission.rollout import reported
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import same_quantity
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord, field_annotations
@@ -36,6 +37,7 @@ from gpuwarden.policy.spec.backends import (
     no_shared_gpus_expression,
     selects_shared_gpus,
 )
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.policy.spec.policyset import Grant, PolicySet
 from gpuwarden.policy.spec.resolved import ResolvedProfile
 
@@ -445,8 +447,17 @@ class Mutation(NamedTuple):
     placed: Placed | None = None  # where the mutation placed the pod and left it as it was
 
 
-def mutate(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Decision:
-    return mutation(request, policies, cluster).decision
+def mutate(
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    default_action: EnforcementAction = "enforce",
+) -> Decision:
+    """The mutating decision under the pod's enforcementAction (``default_action`` where the
+    policies set none): under dryrun the patch is only reported (rollout.py)."""
+    decision = mutation(request, policies, cluster).decision
+    return reported(decision, policies.action_for(decision.tenant, default_action))
 
 
 def mutation(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Mutation:

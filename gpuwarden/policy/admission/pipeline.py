@@ -10,7 +10,9 @@ import jsonpatch
 
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision
 from gpuwarden.policy.admission.mutate import mutation
-from gpuwarden.policy.admission.validate import validate
+from gpuwarden.policy.admission.rollout import audited, reported
+from gpuwarden.policy.admission.validate import enforced_validation
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.policy.spec.policyset import PolicySet
 
 
@@ -36,12 +38,32 @@ def apply_patch(pod: Mapping[str, Any], decision: Decision) -> dict[str, Any]:
     return result
 
 
-def admit(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
-    """Mutate, then validate the pod as the patch leaves it. A pod the mutation placed and left
-    as it was is decided once: the validation reuses what the mutation read and placed. A pod
-    the patch changed is read and placed again, as the API server's validating call would: the
-    patch's annotations and GPU counts can move it to another rule."""
+def enforced(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> Admission:
+    """Mutate, then validate the pod as the patch leaves it, as enforcing would, whatever the
+    enforcementAction (`gpuwarden audit` asks what enforcing would do). A pod the mutation
+    placed and left as it was is decided once: the validation reuses what the mutation read
+    and placed. A pod the patch changed is read and placed again, as the API server's
+    validating call would: the patch's annotations and GPU counts can move it to another rule."""
     mutated = mutation(request, policies, cluster)
     final = request._replace(pod=mutated.pod)
-    validation = validate(final, policies, cluster, placed=mutated.placed)
+    validation = enforced_validation(final, policies, cluster, placed=mutated.placed)
     return Admission(mutated.decision, validation, mutated.pod)
+
+
+def admit(
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    default_action: EnforcementAction = "enforce",
+) -> Admission:
+    """What the webhooks answer, in order (see enforced()), under the pod's enforcementAction
+    (``default_action`` where the policies set none): under audit and dryrun nothing is denied,
+    and under dryrun the pod is stored as it was sent (rollout.py)."""
+    result = enforced(request, policies, cluster)
+    mutated, validation = result.mutation, result.validation
+    action = policies.action_for(validation.tenant or mutated.tenant, default_action)
+    if action == "enforce":
+        return result
+    pod = request.pod if action == "dryrun" else result.pod
+    return Admission(reported(mutated, action), audited(validation, action), pod)

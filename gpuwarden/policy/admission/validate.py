@@ -22,11 +22,19 @@ from gpuwarden.policy.admission.checks import (
 from gpuwarden.policy.admission.checks.base import MAX_SHOWN
 from gpuwarden.policy.admission.checks.escapes import config_map_violations
 from gpuwarden.policy.admission.decision import AdmissionRequest, ClusterView, Decision, warning
-from gpuwarden.policy.admission.mutate import Placed, context_of, plan, size_problems
+from gpuwarden.policy.admission.mutate import (
+    Placed,
+    context_of,
+    mutation,
+    plan,
+    size_problems,
+)
 from gpuwarden.policy.admission.placement import Placement, place
+from gpuwarden.policy.admission.rollout import audited
 from gpuwarden.policy.pod.resources import labels_of
 from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.render import kueue
+from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.policy.spec.policyset import PolicySet
 
 # A denial's message stays within the 1 KiB an Event's note keeps (NoteLengthLimit in kubernetes
@@ -101,8 +109,32 @@ def validate(
     cluster: ClusterView,
     *,
     placed: Placed | None = None,
+    default_action: EnforcementAction = "enforce",
 ) -> Decision:
-    """The validating decision on the final pod; ``placed`` as for violations()."""
+    """The validating decision on the final pod under its enforcementAction (``default_action``
+    where the policies set none); ``placed`` as for violations().
+
+    Under dryrun the mutating webhook left a new pod as it was sent, so the pod is judged as
+    the mutation would have left it: what enforcing would have denied, not what it would have
+    fixed."""
+    decision = enforced_validation(request, policies, cluster, placed=placed)
+    action = policies.action_for(decision.tenant, default_action)
+    if action == "dryrun" and placed is None and request.operation == "CREATE":
+        mutated = mutation(request, policies, cluster)
+        if mutated.decision.patch:
+            final = request._replace(pod=mutated.pod)
+            decision = enforced_validation(final, policies, cluster, placed=mutated.placed)
+    return audited(decision, action)
+
+
+def enforced_validation(
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    placed: Placed | None = None,
+) -> Decision:
+    """The validating decision on the final pod as enforced; ``placed`` as for violations()."""
     pod = request.pod
     if request.operation not in ("CREATE", "UPDATE") or not isinstance(pod.get("spec"), Mapping):
         return Decision()
@@ -150,7 +182,11 @@ def _denial(subject: str, found: Sequence[Violation], tail: str) -> str:
 
 
 def validate_config_map(
-    request: AdmissionRequest, policies: PolicySet, cluster: ClusterView
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    default_action: EnforcementAction = "enforce",
 ) -> Decision:
     """A ConfigMap's keys become variables in every container whose envFrom names it (without a
     prefix), at each container start, so a ConfigMap changed after its pods were admitted is
@@ -167,6 +203,11 @@ def validate_config_map(
     found = config_map_violations(config_map)
     if not found:
         return base
+    action = policies.action_for(base.tenant, default_action)
+    return audited(_config_map_denial(base, found, policies), action)
+
+
+def _config_map_denial(base: Decision, found: Sequence[Violation], policies: PolicySet) -> Decision:
     return base._replace(
         allowed=False,
         code=403,

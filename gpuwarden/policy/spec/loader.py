@@ -431,12 +431,37 @@ def _finish(out: _Collector) -> PolicySet:
         out.issues.append(PolicyIssue("policies", None, "", "no GPUPolicy documents found"))
     if not out.issues:
         out.issues.extend(_cross_check(out.policies))
+        out.issues.extend(_one_enforcement_action(out.policies))
     if out.issues:
         raise PolicyError(out.issues)
     return PolicySet.build(
         [policy for policy, _ in out.policies],
         fingerprint=out.digest.hexdigest()[:16],
     )
+
+
+def _one_enforcement_action(
+    policies: Sequence[tuple[GPUPolicy, PolicySource]],
+) -> list[PolicyIssue]:
+    """spec.enforcementAction holds for the whole set: a second, different one is an error (a
+    tenant's own enforcementAction is the way to differ)."""
+    first: tuple[str, str] | None = None
+    issues: list[PolicyIssue] = []
+    for policy, where in policies:
+        action = policy.spec.enforcement_action
+        if action is None:
+            continue
+        if first is None:
+            first = (action, policy.metadata.name)
+        elif action != first[0]:
+            issues.append(
+                where.issue(
+                    "spec.enforcementAction",
+                    f"{action}, but policy {first[1]!r} sets {first[0]} for the whole set; "
+                    "set one of them, or give tenants their own enforcementAction",
+                )
+            )
+    return issues
 
 
 def _cross_check(policies: Sequence[tuple[GPUPolicy, PolicySource]]) -> list[PolicyIssue]:

@@ -233,6 +233,17 @@ class NativeBackend(_BackendBase):
 
 BackendName = Literal["volcano", "hami", "nvidia", "native"]
 
+# What a decision does (docs/rollout.md): enforce, as ever; audit, a pod the policies would deny
+# is admitted with warnings, audit annotations and a metric (Kyverno's validationFailureAction
+# Audit, Gatekeeper's enforcementAction warn), mutations still applied; dryrun, the same and the
+# pod left as it was sent, its patch only reported.
+EnforcementAction = Literal["enforce", "audit", "dryrun"]
+_ENFORCEMENT_ACTION = (
+    "enforce: deny and mutate; audit: admit what would be denied, with warnings, audit "
+    "annotations and the gpuwarden_admission_audit_total metric, mutations still applied; "
+    "dryrun: audit, and the pod left unchanged, its patch only reported in warnings"
+)
+
 
 def _backend_shorthand(value: Any) -> Any:
     return {"type": value} if isinstance(value, str) else value
@@ -621,6 +632,10 @@ class Tenant(StrictModel):
     queue_spec: VolcanoQueueSpec | None = Field(
         default=None, description="The Volcano Queue to render for `queue`; unset renders a default"
     )
+    enforcement_action: EnforcementAction | None = Field(
+        default=None,
+        description=f"{_ENFORCEMENT_ACTION}. Unset: the policy set's spec.enforcementAction",
+    )
 
     @model_validator(mode="after")
     def _has_scope(self) -> Tenant:
@@ -670,6 +685,12 @@ class PolicySpec(StrictModel):
         "these): a pod's deviceclass.resource.kubernetes.io/CLASS asks for that many GPUs, "
         "which the denial names and, for tenants with allowResourceClaims, maxGpusPerPod and "
         "the rendered ResourceQuota count",
+    )
+    enforcement_action: EnforcementAction | None = Field(
+        default=None,
+        description=f"{_ENFORCEMENT_ACTION}. For every tenant that sets none, and pods of no "
+        "tenant; the first policy in load order that sets it holds for the set. Unset: the "
+        "webhook's --enforcement-action (the chart's webhook.enforcementAction), else enforce",
     )
 
 

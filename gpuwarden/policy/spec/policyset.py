@@ -14,7 +14,14 @@ from gpuwarden.policy.pod.quantity import format_bytes, format_mebibytes, to_meb
 from gpuwarden.policy.pod.record import PodRecord
 from gpuwarden.policy.spec.backends import BackendPlan, plan_for
 from gpuwarden.policy.spec.matchers import bound_kind
-from gpuwarden.policy.spec.model import GPUPolicy, Profile, Tenant, WorkloadRule, quantity_value
+from gpuwarden.policy.spec.model import (
+    EnforcementAction,
+    GPUPolicy,
+    Profile,
+    Tenant,
+    WorkloadRule,
+    quantity_value,
+)
 from gpuwarden.policy.spec.precedence import narrower_rules, selector_order
 from gpuwarden.policy.spec.resolved import ResolvedProfile
 from gpuwarden.policy.spec.selectors import selector_matches
@@ -175,6 +182,9 @@ class PolicySet:
     narrower: tuple[tuple[int, ...], ...] = ()
     # The rules a pod of each workload kind may match (see rules_for), computed once at load.
     rules_by_kind: Mapping[str | None, tuple[int, ...]] = field(default_factory=dict)
+    # The first spec.enforcementAction in load order, and each tenant's own (docs/rollout.md).
+    enforcement_action: EnforcementAction | None = None
+    tenant_actions: Mapping[str, EnforcementAction] = field(default_factory=dict)
 
     @classmethod
     def build(cls, policies: Sequence[GPUPolicy], *, fingerprint: str) -> PolicySet:
@@ -183,6 +193,7 @@ class PolicySet:
         rules: list[tuple[WorkloadRule, GPUPolicy]] = []
         tenants: list[Tenant] = []
         default_profile = None
+        action: EnforcementAction | None = None
         for policy in policies:
             for profile in policy.spec.profiles:
                 profiles[profile.name] = profile
@@ -190,6 +201,7 @@ class PolicySet:
             rules += [(rule, policy) for rule in policy.spec.workloads]
             tenants += policy.spec.tenants
             default_profile = default_profile or policy.spec.default_profile
+            action = action or policy.spec.enforcement_action
         unresolved = cls(
             policies=tuple(policies),
             fingerprint=fingerprint,
@@ -202,6 +214,10 @@ class PolicySet:
             selector_tenants=selector_order(tenants),
             narrower=narrower_rules([rule for rule, _ in rules]),
             rules_by_kind=_rules_by_kind([rule for rule, _ in rules]),
+            enforcement_action=action,
+            tenant_actions={
+                t.name: t.enforcement_action for t in reversed(tenants) if t.enforcement_action
+            },
         )
         grants: dict[tuple[str | None, str], Grant] = {}
         sized: dict[tuple[str | None, str, int], Grant] = {}
@@ -222,6 +238,14 @@ class PolicySet:
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(policy.metadata.name for policy in self.policies)
+
+    def action_for(
+        self, tenant: str | None, default: EnforcementAction = "enforce"
+    ) -> EnforcementAction:
+        """What a decision on a pod of ``tenant`` does: the tenant's enforcementAction, else the
+        set's, else ``default`` (the webhook's --enforcement-action)."""
+        own = self.tenant_actions.get(tenant) if tenant is not None else None
+        return own or self.enforcement_action or default
 
     def rules_for(self, kind: str | None) -> tuple[int, ...]:
         """The indices of the rules a pod of this workload kind (None: not a known workload) may
