@@ -44,13 +44,22 @@ def generated_files() -> dict[Path, str]:
     }
 
 
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` unless it already holds it; whether it wrote."""
+    if path.exists() and path.read_text() == text:
+        return False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return True
+
+
 def main() -> int:
-    REFERENCE.write_text(with_field_table(REFERENCE.read_text()))
-    for path, text in generated_files().items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    written = [REFERENCE, *generated_files()]
-    print("updated " + ", ".join(str(path.relative_to(ROOT)) for path in written))
+    wanted = {REFERENCE: with_field_table(REFERENCE.read_text()), **generated_files()}
+    written = [path for path, text in wanted.items() if write_if_changed(path, text)]
+    if written:
+        print("updated " + ", ".join(str(path.relative_to(ROOT)) for path in written))
+    else:
+        print(f"unchanged: {len(wanted)} generated files are current")
     return 0
 
 

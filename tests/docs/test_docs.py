@@ -137,3 +137,13 @@ def test_relative_links_lead_to_existing_files_and_headings(path: Path) -> None:
 def test_every_docs_page_is_in_the_site_navigation() -> None:
     nav = re.findall(r"^ +- [^:\n]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert sorted(nav) == sorted(page.name for page in PAGES)
+
+
+def test_update_docs_says_updated_only_for_files_it_changed(tmp_path: Path) -> None:
+    docs = _update_docs_module()
+    path = tmp_path / "generated.txt"
+    assert docs.write_if_changed(path, "one\n") is True
+    before = path.stat().st_mtime_ns
+    assert docs.write_if_changed(path, "one\n") is False
+    assert path.stat().st_mtime_ns == before
+    assert docs.write_if_changed(path, "two\n") is True and path.read_text() == "two\n"
