@@ -69,6 +69,20 @@ fails the render here first, with its problems named (_policy-check.tpl). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when a policy in .Values.policies names the nvidia backend (spec.backend or a
+profile's backend: `type: nvidia`), the only backend that shares GPUs through MPS; the node
+agent's nodeAgent.mps.daemon auto follows it. */}}
+{{- define "gpuwarden.usesMps" -}}
+{{- $uses := false -}}
+{{- range $key, $value := include "gpuwarden.policies" . | fromJson -}}
+{{- $text := ternary $value (toYaml $value) (kindIs "string" $value) -}}
+{{- if regexMatch `(?m)\btype:\s*["']?nvidia["']?\s*($|[,}#])` $text -}}
+{{- $uses = true -}}
+{{- end -}}
+{{- end -}}
+{{- $uses -}}
+{{- end -}}
+
 {{/* Every GPUPolicy document in .Values.policies, as a JSON list of
 {"policy": <name>, "profiles": [...], "workloads": [...]}. A value is YAML text (one or more documents) or a
 mapping; a document without kind is a bare spec named after its key, as the loader does. */}}
