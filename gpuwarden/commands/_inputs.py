@@ -210,9 +210,12 @@ def read_pods(sources: Iterable[str], namespace: str | None = None) -> list[PodI
     inputs: list[PodInput] = []
     for source in sources:
         docs = read_documents(source)
-        if not docs:
-            raise InputError(f"{source}: holds no document")
-        for where, doc in _located_items(source, docs):
+        located = _located_items(source, docs)
+        if not located:
+            raise InputError(
+                f"{source}: holds no document" if not docs else f"{source}: empty List"
+            )
+        for where, doc in located:
             if not isinstance(doc, Mapping):
                 raise InputError(f"{where}: expected a Pod or an AdmissionReview")
             kind = doc.get("kind")

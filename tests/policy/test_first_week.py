@@ -160,6 +160,9 @@ def test_apply_reads_a_kind_list_of_pods_and_multi_document_yaml(
     code, _, err = run(capsys, "apply", "-p", str(POLICIES), *NS, str(listed))
     assert code == 2
     assert f"{listed}: items[0]: expected kind Pod or AdmissionReview, got 'Service'" in err
+    listed.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": []}))
+    code, _, err = run(capsys, "apply", "-p", str(POLICIES), *NS, str(listed))
+    assert (code, err) == (2, f"error: {listed}: empty List\n")
 
 
 # --- denials name the policy the limit came from ----------------------------------------------
