@@ -13,7 +13,7 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY gpuwarden ./gpuwarden
 # Dependencies must come as binary wheels: the final image has no compiler to fall back on.
 RUN pip wheel --no-deps --wheel-dir /wheels . \

@@ -187,14 +187,36 @@ def _review_request(doc: Mapping[str, Any], source: str, namespace: str | None) 
     )
 
 
+def list_items(docs: Sequence[Any]) -> list[Any]:
+    """The documents, each List (``kind: List``, ``PodList``, ``GPUPolicyList``: what
+    ``kubectl get -o yaml`` writes) replaced by its items."""
+    return [where_doc[1] for where_doc in _located_items("", docs)]
+
+
+def _located_items(source: str, docs: Sequence[Any]) -> list[tuple[str, Any]]:
+    """(where, document) for each document, a List's items in its place."""
+    out: list[tuple[str, Any]] = []
+    for index, doc in enumerate(docs, start=1):
+        where = source if len(docs) == 1 else f"{source}: document {index}"
+        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
+            items = doc.get("items")
+            for item_index, item in enumerate(items if isinstance(items, list) else []):
+                out.append((f"{where}: items[{item_index}]", item))
+        else:
+            out.append((where, doc))
+    return out
+
+
 def read_pods(sources: Iterable[str], namespace: str | None = None) -> list[PodInput]:
     inputs: list[PodInput] = []
     for source in sources:
         docs = read_documents(source)
-        if not docs:
-            raise InputError(f"{source}: holds no document")
-        for index, doc in enumerate(docs, start=1):
-            where = source if len(docs) == 1 else f"{source}: document {index}"
+        located = _located_items(source, docs)
+        if not located:
+            raise InputError(
+                f"{source}: holds no document" if not docs else f"{source}: empty List"
+            )
+        for where, doc in located:
             if not isinstance(doc, Mapping):
                 raise InputError(f"{where}: expected a Pod or an AdmissionReview")
             kind = doc.get("kind")

@@ -25,6 +25,12 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="the mutated pod (yaml, the default, or json), the JSON Patch the webhook would "
         "send, or a diff of the pod",
     )
+    parser.add_argument(
+        "--show-denied",
+        action="store_true",
+        help="print a denied pod's output too (by default a denied pod prints nothing on "
+        "stdout, so `gpuwarden apply ... | kubectl apply -f -` never creates it)",
+    )
 
 
 def dump_yaml(obj: object) -> str:
@@ -49,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
         else:
             denied = True
             eprint(f"{item.label}: denied: {result.validation.message}")
+            if not args.show_denied:
+                continue
         if args.output == "patch":
             sys.stdout.write(decision.patch_bytes().decode() + "\n")
         elif args.output == "diff":
@@ -61,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             pods.append(dict(result.pod))
-    if args.output == "json":
+    if args.output == "json" and pods:
         out = pods[0] if len(pods) == 1 else {"apiVersion": "v1", "kind": "List", "items": pods}
         sys.stdout.write(json.dumps(out, indent=2, sort_keys=False) + "\n")
     elif args.output == "yaml":

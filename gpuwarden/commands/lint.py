@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpuwarden.commands._inputs import (
     InputError,
     add_policy_paths,
     eprint,
+    list_items,
     load_policies,
     read_documents,
 )
@@ -18,7 +19,7 @@ from gpuwarden.policy import PolicySet
 from gpuwarden.policy.lint import (
     OBJECT_PREFIX,
     lint_errors,
-    lint_warnings,
+    lint_findings,
     object_overrides,
     object_scope_warnings,
 )
@@ -35,7 +36,9 @@ HELP = (
 
 def register(parser: argparse.ArgumentParser) -> None:
     add_policy_paths(parser)  # PATH ... and/or -p PATH, into args.paths
-    parser.add_argument("--strict", action="store_true", help="Treat warnings as errors")
+    parser.add_argument(
+        "--strict", action="store_true", help="Treat warnings as errors (not the info: notes)"
+    )
     parser.add_argument(
         "--objects",
         action="append",
@@ -66,11 +69,14 @@ def run(args: argparse.Namespace) -> int:
         overrides = object_overrides(policies, served)
         warnings = object_scope_warnings(policies, served)
     errors += lint_errors(served)
-    warnings = lint_warnings(served) + warnings
+    found, notes = lint_findings(served)
+    warnings = found + warnings
     for line in errors:
         eprint(f"error: {line}")
     for line in warnings:
         eprint(f"warning: {line}")
+    for line in notes:
+        eprint(f"info: {line}")
     for line in overrides:
         print(f"override: {line}")
     profiles, rules, tenants = len(served.profiles), len(served.rules), len(served.tenants)
@@ -78,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         f"{len(served.policies)} policies, {profiles} profiles, {rules} rules, "
         f"{tenants} tenants, {len(warnings)} warnings"
     )
+    if notes:
+        counts += f", {len(notes)} notes (info: what the nodes or namespaces must provide)"
     if args.objects:
         counts += f", {len(overrides)} overrides by GPUPolicy objects"
     if errors:
@@ -93,7 +101,7 @@ def _read_objects(sources: Sequence[str]) -> dict[str, PolicyObject]:
 
     found: dict[str, PolicyObject] = {}
     for source in sources:
-        for index, doc in enumerate(_items(read_documents(source))):
+        for index, doc in enumerate(list_items(read_documents(source))):
             where = f"{source}: document {index + 1}"
             if not isinstance(doc, Mapping) or doc.get("kind") != keys.POLICY_KIND:
                 kind = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
@@ -105,18 +113,6 @@ def _read_objects(sources: Sequence[str]) -> dict[str, PolicyObject]:
                 raise InputError(f"{where}: {OBJECT_PREFIX}{obj.name} is given twice")
             found[obj.name] = obj
     return found
-
-
-def _items(docs: Sequence[Any]) -> list[Any]:
-    """The documents, each List (``kind: List``, ``GPUPolicyList``) replaced by its items."""
-    out: list[Any] = []
-    for doc in docs:
-        items = doc.get("items") if isinstance(doc, Mapping) else None
-        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List"):
-            out += items if isinstance(items, list) else []
-        else:
-            out.append(doc)
-    return out
 
 
 def _serve(files: PolicySet, objects: Mapping[str, PolicyObject]) -> tuple[PolicySet, list[str]]:

@@ -109,10 +109,11 @@ def _mps_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--mps-daemon",
-        choices=("manage", "external"),
+        choices=("manage", "external", "off"),
         default="manage",
         help="manage: start the MPS control daemon when none answers; external: another "
-        "component runs it (NVIDIA's device plugin in MPS mode)",
+        "component runs it (NVIDIA's device plugin in MPS mode); off: no MPS at all, where "
+        "pods share GPUs through HAMi-core (the volcano and hami backends): monitoring only",
     )
 
 
@@ -223,8 +224,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = NodeCluster(api, config.node_name)
     try:
         devices = nvml.devices()
-        binary = shutil.which(args.mps_control_bin)
-        if binary is None and any(not d.mig_enabled for d in devices):
+        binary = None if args.mps_daemon == "off" else shutil.which(args.mps_control_bin)
+        if binary is None and args.mps_daemon != "off" and any(not d.mig_enabled for d in devices):
             return _fail(
                 f"{args.mps_control_bin} not found: MPS needs the driver's "
                 "nvidia-cuda-mps-control (mount the driver root into the container, or pass "

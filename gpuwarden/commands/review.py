@@ -93,7 +93,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         choices=("summary", "json", "patch"),
         default="summary",
         help="summary: the verdict and warnings; json: the AdmissionReview the server answered; "
-        "patch: the JSON Patch it returned (default summary)",
+        "patch: the JSON Patch it returned, its bytes as returned (base64-decoded), then a "
+        "newline (default summary)",
     )
 
 
@@ -148,6 +149,8 @@ class Answer:
     code: int | None
     patch: list[Any]
     warnings: tuple[str, ...]
+    #: response.patch base64-decoded: the very bytes the webhook returned.
+    patch_bytes: bytes = b""
 
 
 def answer_of(body: Any) -> Answer:
@@ -158,9 +161,11 @@ def answer_of(body: Any) -> Answer:
     status = response.get("status")
     status = status if isinstance(status, Mapping) else {}
     patch: list[Any] = []
+    raw = b""
     if response.get("patch"):
         try:
-            decoded = json.loads(base64.b64decode(str(response["patch"]), validate=True))
+            raw = base64.b64decode(str(response["patch"]), validate=True)
+            decoded = json.loads(raw)
         except (binascii.Error, ValueError) as exc:
             raise ReviewCallError(f"response.patch is not base64 JSON: {exc}") from None
         patch = decoded if isinstance(decoded, list) else [decoded]
@@ -171,6 +176,7 @@ def answer_of(body: Any) -> Answer:
         code=code if isinstance(code, int) else None,
         patch=patch,
         warnings=tuple(str(w) for w in response.get("warnings") or ()),
+        patch_bytes=raw,
     )
 
 
@@ -272,7 +278,10 @@ def run(args: argparse.Namespace) -> int:
         if args.output == "json":
             sys.stdout.write(json.dumps(body, indent=2) + "\n")
         elif args.output == "patch":
-            sys.stdout.write(json.dumps(answer.patch) + "\n")
+            # The bytes the webhook returned, not re-serialised; "[]" when it sent no patch.
+            sys.stdout.flush()
+            sys.stdout.buffer.write((answer.patch_bytes or b"[]") + b"\n")
+            sys.stdout.flush()
         else:
             sys.stdout.write("\n".join(summary(label_of(review), source, args.endpoint, answer)))
             sys.stdout.write("\n")

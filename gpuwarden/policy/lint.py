@@ -23,6 +23,7 @@ from gpuwarden.policy.spec.model import (
     NativeBackend,
     NvidiaBackend,
     Profile,
+    SelectorMatch,
     Tenant,
     VolcanoBackend,
     WorkloadRule,
@@ -56,7 +57,18 @@ MEMORY_SCALING_SETTING = {
 
 
 def lint_warnings(policies: PolicySet) -> list[str]:
+    """Every warning and note (`lint_findings`), as one list."""
+    warnings, notes = lint_findings(policies)
+    return warnings + notes
+
+
+def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
+    """(warnings, notes): warnings are settings that do not do what they say, or rules and
+    tenants that lose what they were likely written for; notes are what a valid setting needs
+    from the cluster, which lint cannot see (a node's device plugin setting, a namespace's
+    label), so `lint` prints them as `info:` and `--strict` ignores them."""
     warnings: list[str] = []
+    notes: list[str] = []
     for name, profile in policies.profiles.items():
         backend = profile.backend or policies.profile_policy[name].spec.backend
         gpus = profile.gpus if profile.gpus is not None else 1
@@ -65,7 +77,7 @@ def lint_warnings(policies: PolicySet) -> list[str]:
                 f"profile {name}: the native backend cannot share GPUs; pods get whole GPUs"
             )
         if gpus and profile.gpu_share and isinstance(backend, VolcanoBackend | HamiBackend):
-            warnings += _limiter_backend_warnings(name, profile, backend)
+            notes += _limiter_backend_warnings(name, profile, backend)
         if profile.gpu_types and not _reads_gpu_types(backend, bool(profile.gpu_share)):
             warnings.append(
                 f"profile {name}: gpuTypes has no effect on {backend.type} "
@@ -102,10 +114,39 @@ def lint_warnings(policies: PolicySet) -> list[str]:
                     f"tenant {tenant.name}: rule {rule.name} gives profile {rule.profile}, "
                     "which the tenant may not use: such pods will be denied"
                 )
-    warnings += _memory_scaling_conflicts(policies)
+    notes += _memory_scaling_conflicts(policies)
+    warnings += _selector_rules_after_other_kinds(policies)
     warnings += _untenanted_namespaces(policies)
-    warnings += _katib_injection_warnings(policies)
+    notes += _katib_injection_warnings(policies)
     warnings += _kueue_queue_warnings(policies)
+    return warnings, notes
+
+
+def _selector_rules_after_other_kinds(policies: PolicySet) -> list[str]:
+    """A selector rule loaded after another policy's rules of other kinds loses every pod both
+    match, however narrow it is: rules of different kinds are tried in load order
+    (precedence.py), and narrowness only counts within a kind."""
+    warnings: list[str] = []
+    for index, (rule, policy) in enumerate(policies.rules):
+        if not isinstance(rule.match, SelectorMatch):
+            continue
+        earlier: dict[str, list[str]] = {}
+        for other, other_policy in policies.rules[:index]:
+            if (
+                other_policy is not policy
+                and other.match.kind != rule.match.kind
+                and rules_overlap(other, rule)
+            ):
+                earlier.setdefault(other_policy.metadata.name, []).append(other.name)
+        if not earlier:
+            continue
+        before = "; ".join(f"policy {name}: {', '.join(names)}" for name, names in earlier.items())
+        warnings.append(
+            f"rule {rule.name} (policy {policy.metadata.name}, kind selector) loses every pod "
+            f"that an earlier rule of another kind also matches ({before}): rules of different "
+            "kinds are tried in load order, and a narrower match wins only within a kind; to "
+            "change what one tenant's pods get, use that tenant's overrides"
+        )
     return warnings
 
 

@@ -427,8 +427,46 @@ def test_node_agent_finds_the_device_plugins_daemon_of_a_renamed_resource() -> N
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/nvidia.com/gpu.shared/pipe"
 
 
-def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None:
-    daemonset = default.one("DaemonSet")
+@pytest.mark.parametrize(
+    ("values", "daemon"),
+    [
+        ("", "off"),  # no policies: the empty native policy, no GPU sharing at all
+        ("backend-volcano.yaml", "off"),  # HAMi-core in the container caps GPU memory
+        ("backend-hami.yaml", "off"),
+        ("backend-nvidia.yaml", "manage"),  # MPS replicas: the agent runs the daemon
+    ],
+)
+def test_node_agent_runs_mps_only_where_the_policies_backend_shares_gpus_through_it(
+    renderings: dict[str, Rendering], values: str, daemon: str
+) -> None:
+    """nodeAgent.mps.daemon auto (issue 32 item 4): an MPS daemon beside HAMi-core on Volcano or
+    HAMi serves no pod, and needs the host's IPC namespace for nothing."""
+    pod = renderings[values].one("DaemonSet")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    args = _args(container)
+    assert args["--mps-daemon"] == daemon
+    env = {e["name"] for e in container["env"]}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    if daemon == "off":
+        assert "--mps-root" not in args and "CUDA_MPS_PIPE_DIRECTORY" not in env
+        assert pod["hostIPC"] is False
+        assert not [m for m in mounts if "mps" in m] and "/dev/shm" not in mounts
+    else:
+        assert pod["hostIPC"] is True and "/dev/shm" in mounts
+
+
+def test_node_agent_mps_daemon_can_be_set_whatever_the_backend() -> None:
+    rendering = template(["backend-volcano.yaml"], sets={"nodeAgent.mps.daemon": "manage"})
+    (container,) = rendering.one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert _args(container)["--mps-daemon"] == "manage"
+    assert "nodeAgent.mps.daemon must be auto, manage, external or off" in template_error(
+        sets={"nodeAgent.mps.daemon": "always"}
+    )
+
+
+def test_node_agent_has_only_the_privileges_it_needs(renderings: dict[str, Rendering]) -> None:
+    # The nvidia backend's policies: the agent runs the MPS daemon, with all it needs for that.
+    daemonset = renderings["backend-nvidia.yaml"].one("DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert pod["hostPID"] is True and pod["hostIPC"] is True

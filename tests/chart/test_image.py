@@ -40,6 +40,10 @@ def test_dockerfile_is_multi_stage_and_the_final_stage_is_lean_and_unprivileged(
 def test_dockerignore_sends_only_the_package() -> None:
     lines = (REPO / ".dockerignore").read_text().splitlines()
     assert "*" in lines and "!gpuwarden/" in lines and "!pyproject.toml" in lines
+    assert (
+        "!LICENSE" in lines
+        and "LICENSE" in re.findall(r"(?m)^COPY (.+) \./$", DOCKERFILE.read_text())[0]
+    )
 
 
 def _hadolint() -> str | None:
@@ -63,7 +67,7 @@ def test_hadolint_finds_nothing() -> None:
 def _docker_context(target: Path) -> Path:
     """The files .dockerignore lets into the build context, copied to target."""
     target.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, target / name)
     shutil.copytree(
         REPO / "gpuwarden", target / "gpuwarden", ignore=shutil.ignore_patterns("__pycache__")
@@ -100,3 +104,13 @@ def test_the_first_stage_builds_a_wheel_with_the_package_and_the_entry_point(
         assert "gpuwarden = gpuwarden.cli:main" in archive.read(entry_points).decode()
     assert {"gpuwarden/cli.py", "gpuwarden/py.typed", "gpuwarden/policy/spec/schema.py"} <= names
     assert not any(name.startswith(("tests/", "charts/", "bench/")) for name in names)
+    # The Apache License 2.0 text, as pyproject.toml's license-files ships it.
+    (license_file,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    text = archive_text(wheel, license_file)
+    assert text == (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0")
+
+
+def archive_text(wheel: Path, name: str) -> str:
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(name).decode()

@@ -91,6 +91,17 @@ async def test_the_sample_review_is_allowed_with_the_dry_runs_patch(
     assert json.loads(out) == expected
 
 
+async def test_review_prints_the_patch_bytes_the_webhook_returned(
+    capsys: pytest.CaptureFixture[str], server: WebhookServer, certs: CertDirectory
+) -> None:
+    """Not re-serialised: the same bytes as `apply -o patch`, which the webhook's encoder sent."""
+    argv = ["apply", "-p", str(POLICIES), "--namespaces", str(NAMESPACES), "-o", "patch"]
+    assert main([*argv, str(SAMPLE)]) == 0
+    dry_run = capsys.readouterr().out
+    code, out, _ = await review(capsys, server, certs, "-o", "patch", str(SAMPLE))
+    assert (code, out) == (0, dry_run)
+
+
 async def test_a_denied_pod_exits_1_with_the_servers_message(
     capsys: pytest.CaptureFixture[str], server: WebhookServer, certs: CertDirectory
 ) -> None:

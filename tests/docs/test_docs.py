@@ -5,6 +5,7 @@ with `mkdocs build --strict`, which checks the docs pages' links the same way)."
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import re
 from pathlib import Path
@@ -137,3 +138,50 @@ def test_relative_links_lead_to_existing_files_and_headings(path: Path) -> None:
 def test_every_docs_page_is_in_the_site_navigation() -> None:
     nav = re.findall(r"^ +- [^:\n]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
     assert sorted(nav) == sorted(page.name for page in PAGES)
+
+
+def test_update_docs_says_updated_only_for_files_it_changed(tmp_path: Path) -> None:
+    docs = _update_docs_module()
+    path = tmp_path / "generated.txt"
+    assert docs.write_if_changed(path, "one\n") is True
+    before = path.stat().st_mtime_ns
+    assert docs.write_if_changed(path, "one\n") is False
+    assert path.stat().st_mtime_ns == before
+    assert docs.write_if_changed(path, "two\n") is True and path.read_text() == "two\n"
+
+
+# --- shown command output ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", MARKDOWN, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_shown_command_output_is_what_the_command_prints_today(path: Path) -> None:
+    """Every ``<!-- output: COMMAND -->`` block is the command's output, run now."""
+    docs = _update_docs_module()
+    text = path.read_text()
+    stale = []
+    for match in docs.OUTPUT_BLOCK.finditer(text):
+        shown, today = match["body"], docs.command_output(match["command"])
+        if shown != today:
+            diff = difflib.unified_diff(
+                shown.splitlines(), today.splitlines(), "shown", "today", lineterm=""
+            )
+            stale.append(f"<!-- output: {match['command']} -->\n" + "\n".join(diff))
+    assert not stale, (
+        f"{path.relative_to(ROOT)}: shown output drifted; run `make docs` "
+        "(.venv/bin/python hack/update-docs.py) to regenerate it:\n" + "\n\n".join(stale)
+    )
+
+
+def test_the_readmes_shown_outputs_are_all_generated() -> None:
+    docs = _update_docs_module()
+    commands = [m["command"] for m in docs.OUTPUT_BLOCK.finditer((ROOT / "README.md").read_text())]
+    assert commands[0] == "make run"
+    assert any(c.startswith("gpuwarden review ") for c in commands)
+    assert any(c.startswith("gpuwarden explain ") for c in commands)
+    assert any(c.startswith("gpuwarden apply ") for c in commands)
+
+
+def test_a_filtered_output_marks_the_lines_it_leaves_out() -> None:
+    docs = _update_docs_module()
+    shown = docs.command_output("gpuwarden lint policies | grep -E '^ok: '")
+    assert shown.startswith("...\nok: 1 policies, 13 profiles, ")

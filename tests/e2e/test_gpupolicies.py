@@ -209,7 +209,7 @@ def test_apply_fix_break_delete(gpupolicy_stack: WebhookStack, control_plane: Co
     assert (condition["status"], condition["reason"]) == ("False", "Invalid")
     assert condition["message"] == (
         f"gpupolicy/{TEAM}: spec.tenants[0].overrides['e2e-gpol-nope']: "
-        f"unknown profile 'e2e-gpol-nope' (known: {PROFILE})"
+        f"unknown profile 'e2e-gpol-nope' (known: {PROFILE}); did you mean {PROFILE}?"
     )
     assert listed(control_plane) == {"NAME": TEAM, "READY": "False", "REASON": "Invalid"}
     assert governed(api, namespace) == (FILES_TENANT, "16Gi")  # the status is written once served

@@ -147,7 +147,9 @@ def test_help_lists_the_agents_flags(capsys: pytest.CaptureFixture[str]) -> None
         assert flag in out
 
 
-@pytest.mark.parametrize(("value", "manages"), [("manage", True), ("external", False)])
+@pytest.mark.parametrize(
+    ("value", "manages"), [("manage", True), ("external", False), ("off", False)]
+)
 def test_mps_daemon_says_who_runs_the_control_daemon(value: str, manages: bool) -> None:
     """external: NVIDIA's device plugin (MPS mode) runs it; the agent must not start another."""
     parser = argparse.ArgumentParser()

@@ -218,7 +218,8 @@ async def test_the_files_win_over_an_object(served: tuple[Webhook, FakeObjects])
     )
     assert await notebook_in_plain(hook) == (None, "16Gi")
     assert objects.verdict("a-redefines").message == (
-        "gpupolicy/a-redefines: spec.profiles[0].name: profile 'light-training' is defined twice"
+        "gpupolicy/a-redefines: spec.profiles[0].name: profile 'light-training' is defined twice: "
+        "here and in policy files"
     )
 
 
@@ -232,7 +233,8 @@ async def test_between_objects_the_first_name_wins(served: tuple[Webhook, FakeOb
     assert (later.valid, later.serving) == (False, None)
     assert (
         later.message
-        == "gpupolicy/b-team: spec.tenants[0].name: tenant 'plain-team' is defined twice"
+        == "gpupolicy/b-team: spec.tenants[0].name: tenant 'plain-team' is defined twice: "
+        "here and in gpupolicy/a-team"
     )
 
 

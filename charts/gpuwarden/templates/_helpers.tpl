@@ -69,6 +69,34 @@ fails the render here first, with its problems named (_policy-check.tpl). */}}
 {{- end -}}
 {{- end -}}
 
+{{/* "true" when a policy in .Values.policies names the nvidia backend (spec.backend or a
+profile's backend: `type: nvidia`), the only backend that shares GPUs through MPS; the node
+agent's nodeAgent.mps.daemon auto follows it. */}}
+{{- define "gpuwarden.usesMps" -}}
+{{- $uses := false -}}
+{{- range $key, $value := include "gpuwarden.policies" . | fromJson -}}
+{{- $text := ternary $value (toYaml $value) (kindIs "string" $value) -}}
+{{- if regexMatch `(?m)\btype:\s*["']?nvidia["']?\s*($|[,}#])` $text -}}
+{{- $uses = true -}}
+{{- end -}}
+{{- end -}}
+{{- $uses -}}
+{{- end -}}
+
+{{/* nodeAgent.mps.daemon resolved: auto is manage where the policies use the nvidia backend
+(the only one that shares GPUs through MPS), off elsewhere (Volcano vGPU and HAMi enforce their
+caps with HAMi-core inside the container, where an MPS daemon would serve no pod). */}}
+{{- define "gpuwarden.nodeAgent.mpsDaemon" -}}
+{{- $daemon := .Values.nodeAgent.mps.daemon | default "auto" -}}
+{{- if eq $daemon "auto" -}}
+{{- $daemon = ternary "manage" "off" (eq (include "gpuwarden.usesMps" .) "true") -}}
+{{- end -}}
+{{- if not (has $daemon (list "manage" "external" "off")) -}}
+{{- fail (printf "nodeAgent.mps.daemon must be auto, manage, external or off, not %q" $daemon) -}}
+{{- end -}}
+{{- $daemon -}}
+{{- end -}}
+
 {{/* Every GPUPolicy document in .Values.policies, as a JSON list of
 {"policy": <name>, "profiles": [...], "workloads": [...]}. A value is YAML text (one or more documents) or a
 mapping; a document without kind is a bare spec named after its key, as the loader does. */}}

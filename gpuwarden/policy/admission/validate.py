@@ -148,6 +148,11 @@ def enforced_validation(
         return base
     first = found[0]
     policy = placement.profile.policy if placement.profile else ",".join(policies.names)
+    if first.check in _TENANT_CHECKS and placement.tenant is not None:
+        # The tenant's limits and quota come from the document that defines the tenant, which
+        # may be a team's file beside the one that defines the profile.
+        owner = policies.tenant_policy(placement.tenant)
+        policy = owner.metadata.name if owner is not None else policy
     return base._replace(
         allowed=False,
         code=403,
@@ -159,6 +164,10 @@ def enforced_validation(
         ),
         audit_annotations={"denied-by": first.check, "reason": first.reason},
     )
+
+
+# The checks whose limits the tenant sets (spec.tenants[].limits), not the profile.
+_TENANT_CHECKS = frozenset({"tenant_limits", "gpu_memory_quota"})
 
 
 def _cut(text: str, limit: int) -> str:

@@ -27,8 +27,6 @@ from gpuwarden.policy.spec.model import (
     GPUPolicy,
     Matcher,
     Profile,
-    Tenant,
-    WorkloadRule,
 )
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -89,6 +87,12 @@ class PolicySource:
         if self.bare and path[:1] == ["spec"]:
             path = path[1:]
         return self.line_offset + line_of(self.node, path)
+
+    def where(self) -> str:
+        """The source and document, as an issue names them."""
+        if self.document is None:
+            return self.source
+        return f"{self.source}: document {self.document}"
 
     def issue(self, path: str, message: str) -> PolicyIssue:
         if self.bare:
@@ -467,62 +471,93 @@ def _one_enforcement_action(
 def _cross_check(policies: Sequence[tuple[GPUPolicy, PolicySource]]) -> list[PolicyIssue]:
     """References across documents: unique names, and every named profile exists."""
     issues: list[PolicyIssue] = []
-    profiles: dict[str, Profile] = {}
+    profiles: dict[str, tuple[Profile, PolicySource]] = {}
     seen_policies: dict[str, PolicySource] = {}
-    tenants: dict[str, Tenant] = {}
-    rules: dict[str, WorkloadRule] = {}
+    tenants: dict[str, PolicySource] = {}
+    rules: dict[str, PolicySource] = {}
     defaults: list[tuple[str, PolicySource]] = []
+
+    def twice(where: PolicySource, path: str, what: str, first: PolicySource) -> PolicyIssue:
+        if first.where() == where.where():
+            return where.issue(path, f"{what} is defined twice: the same file is loaded twice")
+        return where.issue(path, f"{what} is defined twice: here and in {first.where()}")
+
     for policy, where in policies:
         name = policy.metadata.name
         if name in seen_policies:
-            issues.append(where.issue("metadata.name", f"policy {name!r} is defined twice"))
-        seen_policies[name] = where
+            issues.append(twice(where, "metadata.name", f"policy {name!r}", seen_policies[name]))
+        seen_policies.setdefault(name, where)
         for i, profile in enumerate(policy.spec.profiles):
             if profile.name in profiles:
                 issues.append(
-                    where.issue(
-                        f"spec.profiles[{i}].name", f"profile {profile.name!r} is defined twice"
+                    twice(
+                        where,
+                        f"spec.profiles[{i}].name",
+                        f"profile {profile.name!r}",
+                        profiles[profile.name][1],
                     )
                 )
-            profiles[profile.name] = profile
+            profiles.setdefault(profile.name, (profile, where))
         for i, rule in enumerate(policy.spec.workloads):
             if rule.name in rules:
                 issues.append(
-                    where.issue(f"spec.workloads[{i}].name", f"rule {rule.name!r} is defined twice")
+                    twice(
+                        where, f"spec.workloads[{i}].name", f"rule {rule.name!r}", rules[rule.name]
+                    )
                 )
-            rules[rule.name] = rule
+            rules.setdefault(rule.name, where)
         for i, tenant in enumerate(policy.spec.tenants):
             if tenant.name in tenants:
                 issues.append(
-                    where.issue(
-                        f"spec.tenants[{i}].name", f"tenant {tenant.name!r} is defined twice"
+                    twice(
+                        where,
+                        f"spec.tenants[{i}].name",
+                        f"tenant {tenant.name!r}",
+                        tenants[tenant.name],
                     )
                 )
-            tenants[tenant.name] = tenant
+            tenants.setdefault(tenant.name, where)
         if policy.spec.default_profile:
             defaults.append((policy.spec.default_profile, where))
     known = sorted(profiles)
+    sources = list(dict.fromkeys(where.source for _, where in policies))
 
-    def unknown(name: str) -> str:
-        return f"unknown profile {name!r} (known: {', '.join(known) or 'none'})"
+    def unknown(name: str, policy: GPUPolicy | None = None) -> str:
+        hint = did_you_mean(name, known)
+        files = all(where.document is not None for _, where in policies)
+        if not hint and files and policy is not None and not policy.spec.profiles:
+            # A document that defines no profile of its own (a team's file) uses those of the
+            # files loaded with it: profiles are pooled across them.
+            together = " ".join(
+                ["policies/", *(s for s in sources if not s.startswith("policies/"))]
+            )
+            hint = (
+                "; profiles are shared by the policy files loaded together: if another file "
+                f"defines it, load that file too (gpuwarden lint {together})"
+            )
+        return f"unknown profile {name!r} (known: {', '.join(known) or 'none'}){hint}"
 
     for policy, where in policies:
         for i, rule in enumerate(policy.spec.workloads):
             if rule.profile and rule.profile not in profiles:
-                issues.append(where.issue(f"spec.workloads[{i}].profile", unknown(rule.profile)))
+                issues.append(
+                    where.issue(f"spec.workloads[{i}].profile", unknown(rule.profile, policy))
+                )
         for i, tenant in enumerate(policy.spec.tenants):
             for name in tenant.overrides:
                 if name not in profiles:
                     issues.append(
-                        where.issue(f"spec.tenants[{i}].overrides[{name!r}]", unknown(name))
+                        where.issue(f"spec.tenants[{i}].overrides[{name!r}]", unknown(name, policy))
                     )
             for j, name in enumerate(tenant.limits.allowed_profiles or ()):
                 if name not in profiles:
                     issues.append(
-                        where.issue(f"spec.tenants[{i}].limits.allowedProfiles[{j}]", unknown(name))
+                        where.issue(
+                            f"spec.tenants[{i}].limits.allowedProfiles[{j}]", unknown(name, policy)
+                        )
                     )
     if not issues:
-        issues += _semantic_check(policies, profiles)
+        issues += _semantic_check(policies, {n: p for n, (p, _) in profiles.items()})
     for name, where in defaults:
         if name not in profiles:
             issues.append(where.issue("spec.defaultProfile", unknown(name)))

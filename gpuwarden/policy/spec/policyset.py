@@ -235,6 +235,12 @@ class PolicySet:
                     )
         return replace(unresolved, grants=grants, sized_grants=sized)
 
+    def tenant_policy(self, tenant: Tenant) -> GPUPolicy | None:
+        """The policy document that defines ``tenant`` (and so its limits)."""
+        return next(
+            (p for p in self.policies if any(t.name == tenant.name for t in p.spec.tenants)), None
+        )
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(policy.metadata.name for policy in self.policies)
