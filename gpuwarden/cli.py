@@ -19,6 +19,7 @@ from gpuwarden.commands import (
     serve,
     simulate,
     test,
+    usage,
 )
 from gpuwarden.commands.shared import LOG_LEVELS, UsageError
 
@@ -51,6 +52,7 @@ COMMANDS: dict[str, Command] = {
     "node-agent": node_agent,
     "simulate": simulate,
     "review": review,
+    "usage": usage,
 }
 
 
