@@ -708,12 +708,18 @@ def test_kueue_objects_pass_through_the_chart_only_when_rendered_for_kueue(
 
 
 def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering]) -> None:
+    from gpuwarden.node.agent import AgentConfig, NodeAgent
+    from gpuwarden.node.fake import FakeNvml
+    from gpuwarden.node.metrics import agent_registry
+    from gpuwarden.node.procfs import ProcFs
     from gpuwarden.webhook.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    agent = NodeAgent(AgentConfig(node_name="n"), FakeNvml(), None, ProcFs())
     ours = {
         family.name + suffix
-        for family in Metrics().registry.collect()
+        for registry in (Metrics().registry, agent_registry(agent))
+        for family in registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
     rule = renderings["tenants-quotas.yaml"].one("PrometheusRule")
@@ -731,11 +737,22 @@ def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering
         "gpuwarden_admission_duration_seconds_bucket",
         "gpuwarden_certificate_expiry_timestamp_seconds",
     } <= used
-    # Third-party series, by their real names and labels.
-    assert 'DCGM_FI_DEV_GPU_UTIL{exported_namespace!=""}' in text
+    assert {
+        "gpuwarden_node_container_gpus_allocated",
+        "gpuwarden_node_container_gpus_busy",
+        "gpuwarden_node_container_gpu_memory_used_bytes",
+    } <= used
+    # Third-party series, by their real names and labels; DCGM's device average is gone (it
+    # shows every tenant of a shared GPU the whole device's utilization).
+    assert "DCGM_FI_DEV_GPU_UTIL" not in text
     assert 'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}' in text
     assert 'kube_resourcequota{type="used"' in text
-    assert "namespace:dcgm_gpu_utilization:avg" in records
+    assert {
+        "gpuwarden:tenant_gpus_allocated",
+        "gpuwarden:tenant_gpus_busy",
+        "gpuwarden:tenant_gpu_efficiency",
+        "gpuwarden:tenant_gpu_idle_hours:1h",
+    } <= records
     alerts = {
         r["alert"] for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r
     }
@@ -744,6 +761,8 @@ def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering
         "GPUWardenAdmissionErrors",
         "GPUWardenAdmissionLatencyHigh",
         "GPUWardenCertificateExpiresSoon",
+        "GPUWardenTenantGPUsIdle",
+        "GPUWardenTenantGPUEfficiencyLow",
     } <= alerts
     monitor = renderings["tenants-quotas.yaml"].one("ServiceMonitor")
     service = renderings["tenants-quotas.yaml"].one("Service")
