@@ -198,7 +198,8 @@ def build_report(
 
 
 def _hours(value: float) -> str:
-    return f"{value:.2f}"
+    """Two decimals; below 1, three significant digits (a short period's figures stay legible)."""
+    return f"{value:.2f}" if value == 0 or abs(value) >= 1 else f"{value:.3g}"
 
 
 def _percent(value: float | None) -> str:
