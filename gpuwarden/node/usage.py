@@ -13,13 +13,14 @@ is the part of the GPU no other pod can be given. ``basis`` names which rule gav
 **Busy.** NVML's per-process samples (``nvmlDeviceGetProcessUtilization``) give each process's
 SM and memory-bandwidth utilization; a process absent from them did not use the GPU in the period
 (NVML returns samples only for processes with non-zero utilization). MPS clients are the
-exception: their work runs in the MPS server's shared context (the server "creates the shared GPU
-context, manages its clients, and issues work to the GPU on behalf of its clients", NVIDIA's
-``nvidia-cuda-mps-control(1)``), so NVML attributes it to the server's PID, not to a client's. A
-container whose processes are MPS clients with no sample of their own, and every container on a
-GPU whose driver offers no per-process samples, is *estimated*: the device's utilization
-(``nvmlDeviceGetUtilizationRates``) less what measured processes account for is split among
-them in proportion to their allocated share of that GPU (equally where no share is known).
+exception: the server "creates the shared GPU context, manages its clients, and issues work to the
+GPU on behalf of its clients" (NVIDIA's ``nvidia-cuda-mps-control(1)``), and NVML's reference does
+not say whose PID such work is sampled under, so a client without a sample of its own is not taken
+to be idle. A container whose processes are MPS clients with no sample of their own, and every
+container on a GPU whose driver offers no per-process samples, is *estimated*: the device's
+utilization (``nvmlDeviceGetUtilizationRates``) less what measured processes (MPS servers left
+out) account for is split among them in proportion to their allocated share of that GPU (equally
+where no share is known).
 """
 
 from __future__ import annotations
@@ -130,15 +131,16 @@ def allocations(
     pods: Iterable[PodInfo], *, mps_replicas: int | None, memory_total: int | None
 ) -> list[Allocation]:
     """The GPU allocation of every container of the (active) pods that holds GPUs the agent can
-    size: a device-plugin GPU resource, or gpuwarden's record of GPUs. DRA claims are left out
-    (the agent does not see which devices, or how much of them, a claim holds)."""
+    size: a GPU count resource (``nvidia.com/gpu`` and the like), or gpuwarden's record of GPUs
+    for it. DRA claims and MIG instances are left out (the agent does not see which devices, or
+    how much of them, a claim holds, and a MIG profile is no whole-GPU count)."""
     out: list[Allocation] = []
     for pod in pods:
         if not pod.active:
             continue
         named = set(pod.containers) if pod.uses_gpu else set()
         share, basis = _share(pod, mps_replicas, memory_total)
-        for container in sorted(named | set(pod.container_gpus) | pod.gpu_resource_containers):
+        for container in sorted(named | set(pod.container_gpus)):
             gpus = pod.container_gpus.get(container)
             if gpus is None:
                 gpus = pod.gpu_count if pod.gpu_count is not None else 1

@@ -214,3 +214,20 @@ def test_finished_pods_hold_nothing(nvml: FakeNvml, proc: FakeProc) -> None:
     agent = agent_for(nvml, None, proc)
     agent.tick([whole("done", UID_A, CID_A, phase="Succeeded")])
     assert series(agent, "gpuwarden_node_container_gpus_allocated", "done") is None
+
+
+def test_an_ungoverned_pod_holds_its_gpu_count_and_mig_instances_are_not_sized(
+    nvml: FakeNvml, proc: FakeProc
+) -> None:
+    agent = agent_for(nvml, None, proc)
+    plain = whole("plain", UID_A, CID_A)
+    plain["metadata"]["annotations"] = {}
+    plain["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "2"}}
+    mig = whole("mig", UID_B, CID_B)
+    mig["metadata"]["annotations"] = {}
+    mig["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/mig-1g.10gb": "1"}}
+    agent.tick([plain, mig])
+    held = series(agent, "gpuwarden_node_container_gpus_allocated", "plain")
+    assert held is not None and (held["value"], held["basis"]) == ("2", "whole")
+    assert "tenant" not in held or held["tenant"] == ""
+    assert series(agent, "gpuwarden_node_container_gpus_allocated", "mig") is None
