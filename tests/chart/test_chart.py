@@ -427,6 +427,15 @@ def test_node_agent_finds_the_device_plugins_daemon_of_a_renamed_resource() -> N
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia/mps/nvidia.com/gpu.shared/pipe"
 
 
+def test_node_agent_is_told_the_device_plugins_mps_replicas() -> None:
+    """nodeAgent.mps.replicas sizes an MPS slice in the usage metrics; unset, no flag."""
+    rendering = template(sets={"nodeAgent.mps.replicas": "4"})
+    (container,) = rendering.one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert _args(container)["--mps-replicas"] == "4"
+    (container,) = template().one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert "--mps-replicas" not in _args(container)
+
+
 def test_node_agent_has_only_the_privileges_it_needs(default: Rendering) -> None:
     daemonset = default.one("DaemonSet")
     pod = daemonset["spec"]["template"]["spec"]
