@@ -20,6 +20,7 @@ from gpuwarden.commands import (
     serve,
     simulate,
     test,
+    usage,
 )
 from gpuwarden.commands.shared import LOG_LEVELS, UsageError
 
@@ -53,6 +54,7 @@ COMMANDS: dict[str, Command] = {
     "node-agent": node_agent,
     "simulate": simulate,
     "review": review,
+    "usage": usage,
 }
 
 

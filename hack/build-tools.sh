@@ -8,11 +8,14 @@
 #   helm                      helm.sh/helm/v4/cmd/helm
 #   kwok                      sigs.k8s.io/kwok/cmd/kwok (fake nodes for the scheduling lab)
 #   kueue                     sigs.k8s.io/kueue/cmd/kueue (tenant queues in the lab)
+#   promtool, prometheus      github.com/prometheus/prometheus (cmd/promtool: the chart's rules
+#                             checked and unit-tested; cmd/prometheus: the `gpuwarden usage` e2e)
 #
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK= and KUEUE= lines (absolute paths). Go's module
+# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK=, KUEUE=, PROMTOOL= and PROMETHEUS= lines (absolute
+# paths). Go's module
 # and build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are
 # warm; the lab reads Kueue's CRDs and webhook manifests from its module there.
 #
@@ -21,11 +24,13 @@
 # source trees. Instead this script generates a throwaway build module under
 # ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
 # staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
-# kwok's and kueue's go.mod have no replace directives, so they build with plain
-# `go install`.
+# kwok's, kueue's and prometheus's go.mod have no replace directives, so they build with plain
+# `go install`. Prometheus is built with the tag remove_all_sd (no service-discovery plugins:
+# the e2e scrapes static targets, and the build is far shorter) and without builtinassets
+# (whose web UI bundle is not in the module: the HTTP API, all the tests use, works without it).
 #
 # Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION,
-# KWOK_VERSION, KUEUE_VERSION; the Go
+# KWOK_VERSION, KUEUE_VERSION, PROMETHEUS_VERSION; the Go
 # toolchain with GO.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -35,6 +40,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 
 LOG_NAME=build-tools
 # shellcheck source=hack/lib.sh
@@ -47,6 +53,8 @@ helm="$cache/helm-$HELM_VERSION/helm"
 kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
 kwok="$cache/kwok-$KWOK_VERSION/kwok"
 kueue="$cache/kueue-$KUEUE_VERSION/kueue"
+promtool="$cache/promtool-$PROMETHEUS_VERSION/promtool"
+prometheus="$cache/prometheus-$PROMETHEUS_VERSION/prometheus"
 
 write_env() {
 	local tmp="$cache/tools.env.tmp.$$"
@@ -58,6 +66,8 @@ write_env() {
 		echo "KUBE_SCHEDULER=$kube_scheduler"
 		echo "KWOK=$kwok"
 		echo "KUEUE=$kueue"
+		echo "PROMTOOL=$promtool"
+		echo "PROMETHEUS=$prometheus"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
 }
@@ -174,6 +184,19 @@ build_kueue() {
 	rm -rf "$bindir/.gobin"
 }
 
+# One command of github.com/prometheus/prometheus: $1 the binary's path, $2 the command.
+build_prometheus_cmd() {
+	local out="$1" cmd="$2" bindir
+	bindir="$(dirname "$out")"
+	mkdir -p "$bindir"
+	rm -rf "$bindir/.gobin"
+	GOBIN="$bindir/.gobin" "$GO" install -trimpath -tags remove_all_sd \
+		-ldflags "-s -w -X github.com/prometheus/common/version.Version=${PROMETHEUS_VERSION#v}" \
+		"github.com/prometheus/prometheus/cmd/$cmd@$PROMETHEUS_VERSION"
+	mv -f "$bindir/.gobin/$cmd" "$out"
+	rm -rf "$bindir/.gobin"
+}
+
 # Everything runs inside main, which bash parses whole before running, so editing this file
 # while a (long) build is in progress cannot derail that build.
 main() {
@@ -183,7 +206,8 @@ main() {
 
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
 	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
-		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" ]]; then
+		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" && -x "$promtool" &&
+		-x "$prometheus" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -215,6 +239,12 @@ main() {
 	fi
 	if [[ ! -x "$kueue" ]]; then
 		timed "kueue $KUEUE_VERSION" build_kueue
+	fi
+	if [[ ! -x "$promtool" ]]; then
+		timed "promtool $PROMETHEUS_VERSION" build_prometheus_cmd "$promtool" promtool
+	fi
+	if [[ ! -x "$prometheus" ]]; then
+		timed "prometheus $PROMETHEUS_VERSION" build_prometheus_cmd "$prometheus" prometheus
 	fi
 	log "done in $((SECONDS - total))s"
 

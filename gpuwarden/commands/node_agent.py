@@ -108,6 +108,15 @@ def _mps_options(parser: argparse.ArgumentParser) -> None:
         help="the MPS control program (default nvidia-cuda-mps-control, found on PATH)",
     )
     parser.add_argument(
+        "--mps-replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the replicas NVIDIA's device plugin makes of each GPU for MPS (its sharing "
+        "config's replicas): an MPS slice is then reported as 1/N of a GPU allocated (default: "
+        "sized by the pod's thread percentage, else its memory cap)",
+    )
+    parser.add_argument(
         "--mps-daemon",
         choices=("manage", "external", "off"),
         default="manage",
@@ -191,6 +200,8 @@ def _config(args: argparse.Namespace) -> AgentConfig | str:
             return f"--memory-ceiling: {exc}"
         if ceiling < 2**20:
             return f"--memory-ceiling {args.memory_ceiling} is below 1Mi"
+    if args.mps_replicas is not None and args.mps_replicas < 1:
+        return f"--mps-replicas must be at least 1, not {args.mps_replicas}"
     try:
         mps.device_plugin_directories(args.mps_root, args.mps_resource)
     except ValueError as exc:
@@ -201,6 +212,7 @@ def _config(args: argparse.Namespace) -> AgentConfig | str:
         memory_ceiling=ceiling,
         cgroup_root=args.cgroup_root,
         manage_daemon=args.mps_daemon == "manage",
+        mps_replicas=args.mps_replicas,
     )
 
 

@@ -27,6 +27,15 @@ from gpuwarden.node.limits import MpsServer, ObservedProcess
 from gpuwarden.node.nvml import GpuDevice, Nvml, NvmlError
 from gpuwarden.node.pods import PodInfo, PodRef, pod_info
 from gpuwarden.node.procfs import ProcFs, find_pod_cgroups
+from gpuwarden.node.usage import (
+    ContainerUse,
+    DeviceReading,
+    GpuUse,
+    allocations,
+    container_processes,
+    container_uses,
+    gpu_uses,
+)
 from gpuwarden.policy.pod.quantity import format_bytes
 
 OnViolation = Literal["event", "terminate", "evict"]
@@ -57,6 +66,9 @@ class AgentConfig:
     cgroup_root: Path = Path("/sys/fs/cgroup")
     # Start the control daemon when none answers (else wait for whoever runs it).
     manage_daemon: bool = True
+    # The replicas NVIDIA's device plugin makes of each GPU for MPS (its sharing config), which
+    # sizes an MPS slice as 1/replicas of a GPU; None: sized by its thread percentage or cap.
+    mps_replicas: int | None = None
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,9 @@ class TickReport:
     servers: tuple[MpsServer, ...] = ()
     processes: tuple[ObservedProcess, ...] = ()
     usage: tuple[PodUsage, ...] = ()
+    # Each container's share of each GPU's work, and each allocated container's totals.
+    gpu_use: tuple[GpuUse, ...] = ()
+    containers: tuple[ContainerUse, ...] = ()
     violations: tuple[limits.Violation, ...] = ()
     ungranted: tuple[limits.UngrantedUse, ...] = ()
     oversubscribed: tuple[limits.Oversubscription, ...] = ()
@@ -190,6 +205,8 @@ class _State:
     unknown: set[tuple[int, int]] = field(default_factory=set)
     problems: set[str] = field(default_factory=set)
     hard_limited: set[str] = field(default_factory=set)
+    # GPU index -> the newest per-process utilization sample read (NVML's CPU timestamp, us).
+    samples_seen: dict[int, int] = field(default_factory=dict)
 
 
 class NodeAgent:
@@ -380,6 +397,35 @@ class NodeAgent:
                     )
                 )
         return procs, used
+
+    def _readings(self, errors: list[str]) -> dict[int, DeviceReading]:
+        """Each GPU's utilization, and its per-process samples since the last tick."""
+        seen = self._state.samples_seen
+        readings: dict[int, DeviceReading] = {}
+        for device in self.devices:
+            try:
+                device_figure = self.nvml.utilization(device.index)
+                samples = self.nvml.process_utilization(device.index, seen.get(device.index, 0))
+            except NvmlError as exc:
+                errors.append(str(exc))
+                continue
+            if samples is not None:
+                seen[device.index] = samples.last_seen
+            readings[device.index] = DeviceReading(device_figure, samples)
+        return readings
+
+    def _use(
+        self,
+        active: Sequence[PodInfo],
+        procs: Sequence[ObservedProcess],
+        errors: list[str],
+    ) -> tuple[list[GpuUse], list[ContainerUse]]:
+        memory = max((d.memory_total for d in self.devices), default=None)
+        allocated = allocations(active, mps_replicas=self.config.mps_replicas, memory_total=memory)
+        shares = {(a.pod.uid, a.container): a.share for a in allocated}
+        known = {p.ref.uid: p for p in active}
+        uses = gpu_uses(procs, known, self._readings(errors), shares)
+        return uses, container_uses(allocated, uses)
 
     def _apply(
         self,
@@ -643,6 +689,7 @@ class NodeAgent:
         placement = limits.place_pods([d.index for d in self.managed], pods, procs)
         over = limits.oversubscriptions(self.managed, pods, placement)
         unknown = limits.unknown_processes(procs)
+        gpu_use, containers = self._use(active, procs, errors)
         actions: list[KubeAction] = []
         actions += self._problems(infos)
         offences = self._violations(found) + self._ungranted(ungranted)
@@ -671,6 +718,8 @@ class NodeAgent:
             servers=tuple(servers),
             processes=tuple(procs),
             usage=tuple(_usage(procs, known)),
+            gpu_use=tuple(gpu_use),
+            containers=tuple(containers),
             violations=tuple(found),
             ungranted=tuple(ungranted),
             oversubscribed=tuple(over),
@@ -687,17 +736,7 @@ class NodeAgent:
 
 def _usage(procs: Sequence[ObservedProcess], pods: Mapping[str, PodInfo]) -> list[PodUsage]:
     totals: dict[tuple[str, str, int], int] = {}
-    for proc in procs:
-        if proc.pod is None or proc.is_mps_server:
-            continue
-        pod = pods.get(proc.pod.uid)
-        if pod is None:
-            continue
-        container_id = proc.owner.container_id if proc.owner is not None else None
-        container = pod.container_name(container_id) or (
-            container_id[:12] if container_id else "(pod)"
-        )
-        key = (pod.ref.uid, container, proc.gpu)
+    for key, proc in container_processes(procs, pods):
         totals[key] = totals.get(key, 0) + (proc.used_memory or 0)
     return [
         PodUsage(

@@ -4,12 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from gpuwarden.node.nvml import ComputeMode, DriverInfo, GpuDevice, GpuProcess, NvmlError
+from gpuwarden.node.nvml import (
+    ComputeMode,
+    DriverInfo,
+    GpuDevice,
+    GpuProcess,
+    NvmlError,
+    ProcessSamples,
+    Utilization,
+    mean_samples,
+)
 
 
 @dataclass
 class FakeNvml:
-    """Holds devices and per-device processes; records hard-limit calls in ``cgroup_limits``."""
+    """Holds devices and per-device processes; records hard-limit calls in ``cgroup_limits``.
+
+    Utilization is set per device (``set_utilization``) and per process (``sample``), as NVML's
+    process samples are: one entry per sample period, only for processes that used the GPU in it.
+    A device in ``no_process_samples`` answers NVML_ERROR_NOT_SUPPORTED to the per-process query.
+    """
 
     gpus: list[GpuDevice] = field(default_factory=list)
     running: dict[int, list[GpuProcess]] = field(default_factory=dict)
@@ -20,6 +34,11 @@ class FakeNvml:
     # index -> message: calls for that device raise NvmlError (a GPU fallen off the bus).
     failing: dict[int, str] = field(default_factory=dict)
     closed: bool = False
+    device_utilization: dict[int, Utilization] = field(default_factory=dict)
+    # index -> (pid, CPU timestamp in microseconds, sm %, memory %) samples, oldest first.
+    process_samples: dict[int, list[tuple[int, int, float, float]]] = field(default_factory=dict)
+    no_process_samples: set[int] = field(default_factory=set)
+    clock_us: int = 1_000_000
 
     def add_gpu(
         self,
@@ -54,6 +73,15 @@ class FakeNvml:
         for index, procs in self.running.items():
             self.running[index] = [p for p in procs if p.pid != pid]
 
+    def set_utilization(self, index: int, sm: float, memory: float = 0.0) -> None:
+        """The device's figure, as nvmlDeviceGetUtilizationRates reports it."""
+        self.device_utilization[index] = Utilization(sm=sm, memory=memory)
+
+    def sample(self, index: int, pid: int, sm: float, memory: float = 0.0) -> None:
+        """One per-process sample on a GPU, stamped after every earlier one."""
+        self.clock_us += 1_000_000
+        self.process_samples.setdefault(index, []).append((pid, self.clock_us, sm, memory))
+
     def set_mig(self, index: int, enabled: bool) -> None:
         self.gpus[index] = replace(self.gpus[index], mig_enabled=enabled)
 
@@ -78,6 +106,16 @@ class FakeNvml:
     def memory_used(self, index: int) -> int:
         self._check(index)
         return sum(p.used_memory or 0 for p in self.running[index])
+
+    def utilization(self, index: int) -> Utilization:
+        self._check(index)
+        return self.device_utilization.get(index, Utilization(sm=0.0, memory=0.0))
+
+    def process_utilization(self, index: int, last_seen: int) -> ProcessSamples | None:
+        self._check(index)
+        if index in self.no_process_samples:
+            return None
+        return mean_samples(self.process_samples.get(index, []), last_seen)
 
     def set_cgroup_memory_limit(self, index: int, cgroup: str, limit: int) -> None:
         self._check(index)

@@ -19,6 +19,8 @@ PREFIX = "gpuwarden_node"
 
 _GPU = ("node", "gpu")
 _CONTAINER = ("node", "namespace", "pod", "container", "gpu")
+_OWNER = ("node", "namespace", "pod", "container", "tenant", "profile")
+_USE = (*_OWNER, "gpu", "estimated")
 # name (after the prefix) -> (help, labels)
 _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
     "gpu_memory_total_bytes": ("GPU memory.", ("node", "gpu", "uuid")),
@@ -55,12 +57,41 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "The pod's MPS active thread percentage (gpuwarden.io/mps-thread-percentage).",
         ("node", "namespace", "pod"),
     ),
+    "pod_gpu_sm_utilization": (
+        "Share (0-1) of the GPU's SM time the container's processes used since the last pass "
+        '(NVML per-process samples; estimated="true": the device\'s figure apportioned by '
+        "allocated share, as for MPS clients).",
+        _USE,
+    ),
+    "pod_gpu_memory_bandwidth_utilization": (
+        "Share (0-1) of the GPU's memory-bandwidth time the container's processes used "
+        "(as pod_gpu_sm_utilization).",
+        _USE,
+    ),
+    "container_gpus_allocated": (
+        "GPUs the container holds, in whole-GPU units: its GPU count times its share of each "
+        "(1 whole, 1/replicas for an MPS slice, the vGPU core or memory share; basis says which).",
+        (*_OWNER, "basis"),
+    ),
+    "container_gpus_busy": (
+        "GPUs the container keeps busy, in whole-GPU units: the sum of its SM shares over its "
+        "GPUs (0 when it has no process on a GPU).",
+        (*_OWNER, "estimated"),
+    ),
+    "container_gpu_memory_used_bytes": (
+        "GPU memory the allocated container uses, over all its GPUs.",
+        _OWNER,
+    ),
     "mps_daemon_healthy": (
         "1 when the MPS control daemon answered the last health check.",
         ("node",),
     ),
     "mps_servers": ("Running MPS servers (one per user ID).", ("node",)),
 }
+
+
+def _flag(value: bool) -> str:
+    return "true" if value else "false"
 
 
 class AgentCollector(Collector):
@@ -117,6 +148,27 @@ class AgentCollector(Collector):
                     g["pod_mps_thread_percentage"].add_metric(
                         [node, usage.pod.namespace, usage.pod.name], usage.thread_percentage
                     )
+            for gpu_use in report.gpu_use:
+                labels = [
+                    node,
+                    gpu_use.pod.namespace,
+                    gpu_use.pod.name,
+                    gpu_use.container,
+                    gpu_use.tenant,
+                    gpu_use.profile,
+                    str(gpu_use.gpu),
+                    _flag(gpu_use.estimated),
+                ]
+                g["pod_gpu_sm_utilization"].add_metric(labels, gpu_use.sm)
+                g["pod_gpu_memory_bandwidth_utilization"].add_metric(
+                    labels, gpu_use.memory_bandwidth
+                )
+            for held in report.containers:
+                a = held.allocation
+                owner = [node, a.pod.namespace, a.pod.name, a.container, a.tenant, a.profile]
+                g["container_gpus_allocated"].add_metric([*owner, a.basis], a.allocated)
+                g["container_gpus_busy"].add_metric([*owner, _flag(held.estimated)], held.busy)
+                g["container_gpu_memory_used_bytes"].add_metric(owner, held.memory_used)
             for use in report.ungranted:
                 labels = [node, use.pod.namespace, use.pod.name, use.container, str(use.gpu)]
                 g["pod_gpu_ungranted"].add_metric(labels, 1)

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -47,6 +48,28 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class Utilization:
+    """Percentages (0-100) of a sample period: SM (3D/compute) time and memory-bandwidth
+    (frame-buffer read/write) time."""
+
+    sm: float
+    memory: float
+
+
+@dataclass(frozen=True)
+class ProcessSamples:
+    """NVML's per-process utilization since the last read (nvmlDeviceGetProcessUtilization).
+
+    ``by_pid`` holds the mean of each process's samples; a process absent from it had no
+    non-zero utilization in the period (NVML returns samples only for those). ``last_seen`` is the
+    newest sample's CPU timestamp (microseconds), to pass to the next read.
+    """
+
+    by_pid: Mapping[int, Utilization]
+    last_seen: int
+
+
+@dataclass(frozen=True)
 class DriverInfo:
     driver_version: str
     cuda_version: str
@@ -60,6 +83,15 @@ class Nvml(Protocol):
     def processes(self, index: int) -> tuple[GpuProcess, ...]: ...
 
     def memory_used(self, index: int) -> int: ...
+
+    def utilization(self, index: int) -> Utilization:
+        """The device's SM and memory-bandwidth utilization (nvmlDeviceGetUtilizationRates)."""
+        ...
+
+    def process_utilization(self, index: int, last_seen: int) -> ProcessSamples | None:
+        """Per-process samples newer than ``last_seen``; None where the GPU or driver has none
+        (NVML_ERROR_NOT_SUPPORTED)."""
+        ...
 
     def set_cgroup_memory_limit(self, index: int, cgroup: str, limit: int) -> None:
         """Hard GPU-memory limit for a cgroup (nvmlDeviceSetMemoryLimits_v1, driver r615+)."""
@@ -91,6 +123,28 @@ def merge_processes(
                 pid=pid, used_memory=best, mps_client=known.mps_client or is_client
             )
     return tuple(merged[pid] for pid in sorted(merged))
+
+
+def mean_samples(
+    samples: Iterable[tuple[int, int, float, float]], last_seen: int
+) -> ProcessSamples:
+    """(pid, timestamp, sm, memory) samples as one mean per PID; samples not newer than
+    ``last_seen`` are dropped (a driver may return the buffer's older entries too)."""
+    sums: dict[int, tuple[int, float, float]] = {}
+    newest = last_seen
+    for pid, stamp, sm, memory in samples:
+        if stamp <= last_seen:
+            continue
+        newest = max(newest, stamp)
+        count, sm_sum, memory_sum = sums.get(pid, (0, 0.0, 0.0))
+        sums[pid] = (count + 1, sm_sum + sm, memory_sum + memory)
+    return ProcessSamples(
+        by_pid={
+            pid: Utilization(sm=sm_sum / count, memory=memory_sum / count)
+            for pid, (count, sm_sum, memory_sum) in sorted(sums.items())
+        },
+        last_seen=newest,
+    )
 
 
 class PynvmlNvml:
@@ -192,6 +246,30 @@ class PynvmlNvml:
             "nvmlDeviceGetMemoryInfo", self._nvml.nvmlDeviceGetMemoryInfo, self._handle(index)
         )
         return int(memory.used)
+
+    def utilization(self, index: int) -> Utilization:
+        rates = self._call(
+            "nvmlDeviceGetUtilizationRates",
+            self._nvml.nvmlDeviceGetUtilizationRates,
+            self._handle(index),
+        )
+        return Utilization(sm=float(rates.gpu), memory=float(rates.memory))
+
+    def process_utilization(self, index: int, last_seen: int) -> ProcessSamples | None:
+        handle = self._handle(index)
+        try:
+            raw = self._nvml.nvmlDeviceGetProcessUtilization(handle, last_seen)
+        except self._nvml.NVMLError_NotFound:
+            # No sample newer than last_seen: no process used the GPU since then.
+            return ProcessSamples(by_pid={}, last_seen=last_seen)
+        except self._nvml.NVMLError_NotSupported:
+            return None
+        except self._nvml.NVMLError as exc:
+            raise NvmlError(f"NVML nvmlDeviceGetProcessUtilization failed: {exc}") from exc
+        return mean_samples(
+            ((int(s.pid), int(s.timeStamp), float(s.smUtil), float(s.memUtil)) for s in raw),
+            last_seen,
+        )
 
     def set_cgroup_memory_limit(self, index: int, cgroup: str, limit: int) -> None:
         limits = self._nvml.c_nvmlSetMemoryLimits_v1_t()

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from gpuwarden.policy.pod.quantity import QuantityError
 from gpuwarden.policy.pod.record import PodRecord
 from gpuwarden.policy.pod.resources import annotations_of, containers
 
@@ -51,6 +52,11 @@ class PodInfo:
     # DRA claims or DRA-backed extended resources: devices the agent cannot see, so any
     # container of the pod may hold a GPU through them.
     device_claims: bool = False
+    # The scheduler backend (gpuwarden.io/backend) and whether the GPUs are shared slices.
+    backend: str | None = None
+    gpu_shared: bool | None = None
+    # Container -> the GPUs it asks for by a GPU count resource (nvidia.com/gpu and friends).
+    container_gpus: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def governed(self) -> bool:
@@ -149,6 +155,19 @@ def _device_claims(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
     return False
 
 
+def _container_gpus(pod: Mapping[str, Any]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    # Regular containers: an init container's devices go back before the pod's containers run.
+    for ref in containers(pod, "containers"):
+        try:
+            asked = ref.asked_gpus()
+        except QuantityError:
+            continue  # the API server refuses such a count; nothing to size
+        if asked:
+            out[ref.name] = asked
+    return out
+
+
 def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
     """Read one pod (Kubernetes JSON, camelCase); None for an object with no name or UID."""
     meta = _mapping(pod.get("metadata"))
@@ -179,4 +198,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
             ref.name for ref in containers(pod) if ref.asks_for_gpu()
         ),
         device_claims=_device_claims(pod, spec),
+        backend=record.backend,
+        gpu_shared=record.gpu_shared,
+        container_gpus=_container_gpus(pod),
     )

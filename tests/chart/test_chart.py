@@ -464,6 +464,15 @@ def test_node_agent_mps_daemon_can_be_set_whatever_the_backend() -> None:
     )
 
 
+def test_node_agent_is_told_the_device_plugins_mps_replicas() -> None:
+    """nodeAgent.mps.replicas sizes an MPS slice in the usage metrics; unset, no flag."""
+    rendering = template(sets={"nodeAgent.mps.replicas": "4"})
+    (container,) = rendering.one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert _args(container)["--mps-replicas"] == "4"
+    (container,) = template().one("DaemonSet")["spec"]["template"]["spec"]["containers"]
+    assert "--mps-replicas" not in _args(container)
+
+
 def test_node_agent_has_only_the_privileges_it_needs(renderings: dict[str, Rendering]) -> None:
     # The nvidia backend's policies: the agent runs the MPS daemon, with all it needs for that.
     daemonset = renderings["backend-nvidia.yaml"].one("DaemonSet")
@@ -746,12 +755,18 @@ def test_kueue_objects_pass_through_the_chart_only_when_rendered_for_kueue(
 
 
 def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering]) -> None:
+    from gpuwarden.node.agent import AgentConfig, NodeAgent
+    from gpuwarden.node.fake import FakeNvml
+    from gpuwarden.node.metrics import agent_registry
+    from gpuwarden.node.procfs import ProcFs
     from gpuwarden.webhook.metrics import Metrics
 
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    agent = NodeAgent(AgentConfig(node_name="n"), FakeNvml(), None, ProcFs())
     ours = {
         family.name + suffix
-        for family in Metrics().registry.collect()
+        for registry in (Metrics().registry, agent_registry(agent))
+        for family in registry.collect()
         for suffix in suffixes.get(family.type, ("",))
     }
     rule = renderings["tenants-quotas.yaml"].one("PrometheusRule")
@@ -769,11 +784,22 @@ def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering
         "gpuwarden_admission_duration_seconds_bucket",
         "gpuwarden_certificate_expiry_timestamp_seconds",
     } <= used
-    # Third-party series, by their real names and labels.
-    assert 'DCGM_FI_DEV_GPU_UTIL{exported_namespace!=""}' in text
+    assert {
+        "gpuwarden_node_container_gpus_allocated",
+        "gpuwarden_node_container_gpus_busy",
+        "gpuwarden_node_container_gpu_memory_used_bytes",
+    } <= used
+    # Third-party series, by their real names and labels; DCGM's device average is gone (it
+    # shows every tenant of a shared GPU the whole device's utilization).
+    assert "DCGM_FI_DEV_GPU_UTIL" not in text
     assert 'kube_pod_container_resource_requests{resource="nvidia_com_gpu"}' in text
     assert 'kube_resourcequota{type="used"' in text
-    assert "namespace:dcgm_gpu_utilization:avg" in records
+    assert {
+        "gpuwarden:tenant_gpus_allocated",
+        "gpuwarden:tenant_gpus_busy",
+        "gpuwarden:tenant_gpu_efficiency",
+        "gpuwarden:tenant_gpu_idle_hours:1h",
+    } <= records
     alerts = {
         r["alert"] for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r
     }
@@ -782,6 +808,8 @@ def test_prometheus_rule_uses_metrics_that_exist(renderings: dict[str, Rendering
         "GPUWardenAdmissionErrors",
         "GPUWardenAdmissionLatencyHigh",
         "GPUWardenCertificateExpiresSoon",
+        "GPUWardenTenantGPUsIdle",
+        "GPUWardenTenantGPUEfficiencyLow",
     } <= alerts
     monitor = renderings["tenants-quotas.yaml"].one("ServiceMonitor")
     service = renderings["tenants-quotas.yaml"].one("Service")

@@ -51,6 +51,7 @@ def kubeconfig(tmp_path: Path) -> Path:
         ),
         (["--node-name", "n", "--memory-ceiling", "10"], "--memory-ceiling 10 is below 1Mi"),
         (["--node-name", "n", "--metrics-port", "70000"], "--metrics-port must be 0-65535"),
+        (["--node-name", "n", "--mps-replicas", "0"], "--mps-replicas must be at least 1, not 0"),
         (
             ["--node-name", "n", "--mps-resource", "../gpu"],
             "--mps-resource: '../gpu' is not an extended resource name such as "
@@ -158,3 +159,12 @@ def test_mps_daemon_says_who_runs_the_control_daemon(value: str, manages: bool) 
     assert isinstance(config, AgentConfig) and config.manage_daemon is manages
     default = node_agent._config(parser.parse_args(["--node-name", "n"]))
     assert isinstance(default, AgentConfig) and default.manage_daemon is True
+
+
+def test_mps_replicas_size_an_mps_slice() -> None:
+    parser = argparse.ArgumentParser()
+    node_agent.register(parser)
+    config = node_agent._config(parser.parse_args(["--node-name", "n", "--mps-replicas", "4"]))
+    assert isinstance(config, AgentConfig) and config.mps_replicas == 4
+    default = node_agent._config(parser.parse_args(["--node-name", "n"]))
+    assert isinstance(default, AgentConfig) and default.mps_replicas is None

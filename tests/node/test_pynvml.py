@@ -12,7 +12,14 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuwarden.node.nvml import GpuProcess, NvmlError, PynvmlNvml, cuda_version_text
+from gpuwarden.node.nvml import (
+    GpuProcess,
+    NvmlError,
+    ProcessSamples,
+    PynvmlNvml,
+    Utilization,
+    cuda_version_text,
+)
 
 GiB = 2**30
 
@@ -25,6 +32,8 @@ class Library:
     """Two GPUs: a MIG-capable one with MIG on, and an older one without MIG or MPS queries."""
 
     NVMLError = pynvml.NVMLError
+    NVMLError_NotFound = pynvml.NVMLError_NotFound
+    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     c_nvmlSetMemoryLimits_v1_t = pynvml.c_nvmlSetMemoryLimits_v1_t
 
@@ -132,3 +141,37 @@ def test_opening_without_a_driver_explains_what_is_missing(monkeypatch: pytest.M
 def test_cuda_version_text() -> None:
     assert cuda_version_text(12040) == "12.4"
     assert cuda_version_text(11080) == "11.8"
+
+
+class Sampling(Library):
+    """Per-process samples on GPU 0 (one stale) up to timestamp 300; GPU 1 has no such query."""
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=80, memory=40)
+
+    def nvmlDeviceGetProcessUtilization(self, handle: int, last_seen: int) -> list[Any]:
+        if handle == 1:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if last_seen >= 300:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        sample = SimpleNamespace
+        return [
+            sample(pid=9001, timeStamp=100, smUtil=90, memUtil=90),  # not newer than last_seen
+            sample(pid=9001, timeStamp=200, smUtil=40, memUtil=10),
+            sample(pid=9001, timeStamp=300, smUtil=20, memUtil=30),
+            sample(pid=9002, timeStamp=250, smUtil=5, memUtil=1),
+        ]
+
+
+def test_process_utilization_is_the_mean_of_new_samples_per_process() -> None:
+    nvml = PynvmlNvml(Sampling())
+    assert nvml.utilization(0) == Utilization(sm=80.0, memory=40.0)
+    read = nvml.process_utilization(0, 100)
+    assert read is not None and read.last_seen == 300
+    assert read.by_pid == {
+        9001: Utilization(sm=30.0, memory=20.0),
+        9002: Utilization(sm=5.0, memory=1.0),
+    }
+    # NOT_FOUND: nothing newer, so no process used the GPU; NOT_SUPPORTED: no per-process figure
+    assert nvml.process_utilization(0, 300) == ProcessSamples(by_pid={}, last_seen=300)
+    assert nvml.process_utilization(1, 0) is None
