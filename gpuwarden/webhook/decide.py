@@ -7,6 +7,7 @@ from typing import Literal
 from gpuwarden.policy import ClusterView, Decision, PolicySet, mutate, validate
 from gpuwarden.policy.admission.validate import validate_config_map
 from gpuwarden.policy.pod.resources import requests_gpu
+from gpuwarden.webhook.jobdecide import decide_job
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
@@ -41,6 +42,29 @@ def _guarded_gpu_pod(review: Review) -> bool:
     return guarded and review.obj is not None and requests_gpu(review.obj)
 
 
+def _refusal(
+    review: Review, policy_error: str | None, namespace_error: str | None, no_policy: bool
+) -> Decision | None:
+    """The refusal of a GPU request while no policy is loaded, or its namespace is unknown."""
+    if no_policy:
+        return Decision(
+            allowed=False,
+            code=403,
+            reason="Forbidden",
+            message=no_policy_message(policy_error),
+            rule=NO_POLICY_REASON,
+        )
+    if namespace_error is not None:
+        return Decision(
+            allowed=False,
+            code=503,
+            reason="ServiceUnavailable",
+            message=namespace_unknown_message(review.namespace, namespace_error),
+            rule=NAMESPACE_UNKNOWN_RULE,
+        )
+    return None
+
+
 def decide(
     endpoint: Endpoint,
     review: Review,
@@ -62,6 +86,14 @@ def decide(
         if endpoint != "validate" or policies is None or review.obj is None:
             return Decision()
         return validate_config_map(review.admission_request(), policies, cluster)
+    if review.is_job:
+        return decide_job(
+            endpoint == "mutate",
+            review,
+            policies,
+            cluster,
+            _refusal(review, policy_error, namespace_error, policies is None),
+        )
     if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
         return Decision()
     if review.obj is None:
@@ -72,26 +104,12 @@ def decide(
             check_pod(review.old_obj, "request.oldObject")
     except ShapeError as exc:
         raise ReviewError(str(exc)) from None
-    if policies is None:
+    if (policies is None or namespace_error is not None) and _guarded_gpu_pod(review):
+        refused = _refusal(review, policy_error, namespace_error, policies is None)
+        assert refused is not None
+        return refused
+    if policies is None or namespace_error is not None:
         # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
-        if _guarded_gpu_pod(review):
-            return Decision(
-                allowed=False,
-                code=403,
-                reason="Forbidden",
-                message=no_policy_message(policy_error),
-                rule=NO_POLICY_REASON,
-            )
-        return Decision()
-    if namespace_error is not None:
-        if _guarded_gpu_pod(review):
-            return Decision(
-                allowed=False,
-                code=503,
-                reason="ServiceUnavailable",
-                message=namespace_unknown_message(review.namespace, namespace_error),
-                rule=NAMESPACE_UNKNOWN_RULE,
-            )
         return Decision()
     request = review.admission_request()
     if endpoint == "mutate":
