@@ -8,11 +8,13 @@
 #   helm                      helm.sh/helm/v4/cmd/helm
 #   kwok                      sigs.k8s.io/kwok/cmd/kwok (fake nodes for the scheduling lab)
 #   kueue                     sigs.k8s.io/kueue/cmd/kueue (tenant queues in the lab)
+#   training-operator         github.com/kubeflow/training-operator/cmd/training-operator.v1
+#                             (the Training Operator v1 whose jobs the e2e suite submits)
 #
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK= and KUEUE= lines (absolute paths). Go's module
+# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK=, KUEUE= and TRAINING_OPERATOR= lines (absolute paths). Go's module
 # and build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are
 # warm; the lab reads Kueue's CRDs and webhook manifests from its module there.
 #
@@ -21,11 +23,11 @@
 # source trees. Instead this script generates a throwaway build module under
 # ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
 # staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
-# kwok's and kueue's go.mod have no replace directives, so they build with plain
-# `go install`.
+# kwok's, kueue's and the Training Operator's go.mod have no replace directives, so they build
+# with plain `go install`.
 #
 # Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION,
-# KWOK_VERSION, KUEUE_VERSION; the Go
+# KWOK_VERSION, KUEUE_VERSION, TRAINING_OPERATOR_VERSION; the Go
 # toolchain with GO.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -35,6 +37,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.8.1}"
 
 LOG_NAME=build-tools
 # shellcheck source=hack/lib.sh
@@ -47,6 +50,7 @@ helm="$cache/helm-$HELM_VERSION/helm"
 kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
 kwok="$cache/kwok-$KWOK_VERSION/kwok"
 kueue="$cache/kueue-$KUEUE_VERSION/kueue"
+training_operator="$cache/training-operator-$TRAINING_OPERATOR_VERSION/training-operator"
 
 write_env() {
 	local tmp="$cache/tools.env.tmp.$$"
@@ -58,6 +62,7 @@ write_env() {
 		echo "KUBE_SCHEDULER=$kube_scheduler"
 		echo "KWOK=$kwok"
 		echo "KUEUE=$kueue"
+		echo "TRAINING_OPERATOR=$training_operator"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
 }
@@ -174,6 +179,17 @@ build_kueue() {
 	rm -rf "$bindir/.gobin"
 }
 
+build_training_operator() {
+	local bindir
+	bindir="$(dirname "$training_operator")"
+	mkdir -p "$bindir"
+	rm -rf "$bindir/.gobin"
+	GOBIN="$bindir/.gobin" "$GO" install -trimpath -ldflags "-s -w" \
+		"github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION"
+	mv -f "$bindir/.gobin/training-operator.v1" "$training_operator"
+	rm -rf "$bindir/.gobin"
+}
+
 # Everything runs inside main, which bash parses whole before running, so editing this file
 # while a (long) build is in progress cannot derail that build.
 main() {
@@ -183,7 +199,7 @@ main() {
 
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
 	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
-		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" ]]; then
+		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" && -x "$training_operator" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -215,6 +231,9 @@ main() {
 	fi
 	if [[ ! -x "$kueue" ]]; then
 		timed "kueue $KUEUE_VERSION" build_kueue
+	fi
+	if [[ ! -x "$training_operator" ]]; then
+		timed "training-operator $TRAINING_OPERATOR_VERSION" build_training_operator
 	fi
 	log "done in $((SECONDS - total))s"
 
