@@ -206,3 +206,41 @@ def test_a_job_that_cannot_be_read_is_refused_naming_the_field(
     assert result.validation.code == 400
     assert result.validation.message.startswith("gpuwarden cannot read the PyTorchJob's replicas")
     assert field in result.validation.message
+
+
+ROLES = """\
+apiVersion: gpuwarden.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: roles}
+spec:
+  backend: volcano
+  profiles:
+    - {name: coordinator, gpuShare: false, maxMemory: 80Gi, priority: 300}
+    - {name: training, gpuShare: false, maxMemory: 80Gi, priority: 100}
+  workloads:
+    - name: masters
+      match: {kind: selector, labels: {matchLabels: {training.kubeflow.org/job-role: master}}}
+      profile: coordinator
+    - {name: training-jobs, match: {kind: training-job}, profile: training}
+  tenants:
+    - {name: ml, namespaces: [ml], limits: {allowedProfiles: [coordinator]}}
+"""
+
+
+def test_the_pods_after_the_first_are_judged_where_the_policy_tells_them_apart() -> None:
+    """Without a Master, PyTorch's worker 0 has the master role and worker 1 does not: a rule
+    on job-role gives them different profiles, and worker 1's is not allowed."""
+    policies = load_texts([("roles.yaml", ROLES)])
+    job = pytorchjob()
+    del job["spec"]["pytorchReplicaSpecs"]["Master"]
+    result = admit_job(create(job, "ml"), policies, ClusterView())
+    assert not result.allowed
+    assert result.validation.message.startswith("Worker: gpuwarden denied the pod: ")
+    assert "training" in result.validation.message
+    assert (
+        "gpuwarden: Worker: pods after the first get profile training (the template has the "
+        "first's)" in result.mutation.warnings
+    )
+    # With one worker only, there is no second pod to judge.
+    job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
+    assert admit_job(create(job, "ml"), policies, ClusterView()).allowed

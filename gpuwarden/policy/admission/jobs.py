@@ -159,6 +159,20 @@ def admit_job(request: AdmissionRequest, policies: PolicySet, cluster: ClusterVi
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep:
             patch += template_patch(replica.template, replica.path, admission.mutation.patch)
+        for index in jobs.distinct_indices(job, replica)[1:]:
+            # The pods after the first lack its master role: where the policy tells them apart,
+            # they are judged too, and the template can carry only the first one's changes.
+            other = jobs.replica_pod(job, replica, request.namespace, index)
+            later = admit(pod_request._replace(pod=other), policies, cluster)
+            if later.mutation.patch != admission.mutation.patch:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{replica.name}: pods after the first get profile "
+                        f"{later.mutation.profile} (the template has the first's)"
+                    )
+                )
+            if not later.validation.allowed and admission.validation.allowed:
+                replicas[-1] = ReplicaAdmission(replica, other, later)
     decisions = [r.admission.mutation for r in replicas]
     if keep and any(d.patch for d in decisions):
         notes.append(

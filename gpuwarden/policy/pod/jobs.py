@@ -137,6 +137,7 @@ class ReplicaTemplate:
     path: tuple[str, ...]  # of the pod template, from the job's root
     template: Mapping[str, Any]
     restart_policy: str | None
+    replicas: int = 1
 
 
 def job_kind(obj: Mapping[str, Any]) -> JobKind | None:
@@ -182,12 +183,14 @@ def replica_templates(job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
         if not isinstance(template.get("spec", {}), Mapping):
             raise JobShapeError(f"{where}.{name}.template.spec must be an object")
         policy = replica.get("restartPolicy")
+        count = replica.get("replicas", 1)
         found.append(
             ReplicaTemplate(
                 str(name),
                 ("spec", kind.replica_field, str(name), "template"),
                 template,
                 policy if isinstance(policy, str) else None,
+                count if isinstance(count, int) and not isinstance(count, bool) else 1,
             )
         )
     return tuple(found)
@@ -210,6 +213,16 @@ def controller_labels(job: Mapping[str, Any], replica: str, index: int = 0) -> d
     if kind.master_role(replicas, replica, index):
         labels[JOB_ROLE_LABEL] = "master"
     return labels
+
+
+def distinct_indices(job: Mapping[str, Any], replica: ReplicaTemplate) -> tuple[int, ...]:
+    """The indices of a replica's pods that carry different labels beyond their index: 0, and 1
+    where only the first pod has the master role (PyTorchJob and TFJob without a master, JAXJob);
+    the pods after those are labelled as the second is."""
+    if replica.replicas < 2:
+        return (0,)
+    first, second = (controller_labels(job, replica.name, i).get(JOB_ROLE_LABEL) for i in (0, 1))
+    return (0,) if first == second else (0, 1)
 
 
 def pod_name(job: Mapping[str, Any], replica: str, index: int = 0) -> str:
