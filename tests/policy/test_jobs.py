@@ -9,12 +9,15 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
 
 from .support import EXAMPLES, read_yaml
+from .test_property import CLUSTER, FUZZ, POLICY_SETS, pods
 
 # Each kind's replica types as its *_types.go names them (Training Operator v1.8.1).
 KIND_REPLICAS = {
@@ -244,3 +247,35 @@ def test_the_pods_after_the_first_are_judged_where_the_policy_tells_them_apart()
     # With one worker only, there is no second pod to judge.
     job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
     assert admit_job(create(job, "ml"), policies, ClusterView()).allowed
+
+
+@pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
+@FUZZ
+@given(generated=pods(), keep_metadata=st.booleans())
+def test_a_template_mutated_is_the_pod_mutated(
+    policy_set: str, generated: tuple[str, dict[str, Any]], keep_metadata: bool
+) -> None:
+    """Any pod as a PyTorchJob's worker template: the job's patch applies, and the pod its
+    controller makes of the mutated template is the pod the pod webhooks make of the first,
+    which they then leave alone."""
+    policies = POLICY_SETS[policy_set]
+    namespace, pod = generated
+    meta = {k: v for k, v in pod["metadata"].items() if k in ("labels", "annotations")}
+    template = {"metadata": meta, "spec": pod["spec"]} if keep_metadata else {"spec": pod["spec"]}
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "fuzz", "namespace": namespace},
+        "spec": {"pytorchReplicaSpecs": {"Worker": {"replicas": 1, "template": template}}},
+    }
+    original = copy.deepcopy(job)
+    result = admit_job(create(job, namespace), policies, CLUSTER)
+    assert job == original  # nothing is modified in place
+    mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
+    assert mutated == result.pod
+    (replica,) = jobs.replica_templates(mutated)
+    rebuilt = jobs.replica_pod(mutated, replica, namespace)
+    (decided,) = result.replicas
+    assert rebuilt == decided.admission.pod
+    again = admit(AdmissionRequest("CREATE", namespace, rebuilt), policies, CLUSTER)
+    assert again.mutation.patch == ()
