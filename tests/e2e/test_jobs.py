@@ -34,6 +34,7 @@ from gpuwarden.lab.cluster.webhookstack import (
 from gpuwarden.policy import AdmissionRequest, ClusterView
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.render.scope import job_needs_review
 
 from .controlplane import REPO_ROOT
 from .webhook import api_error
@@ -211,3 +212,25 @@ def test_validate_only_keeps_the_job_as_written(
     with pytest.raises(ApiException) as refused:
         create_job(pytorchjobs, job_in(ns, worker_gpus="8"))
     assert "denied the request: Worker: gpuwarden denied the pod: " in api_error(refused.value)[1]
+
+
+def test_the_api_server_sends_the_jobs_the_twin_says(
+    gpuwarden: WebhookStack, pytorchjobs: k8s_client.CustomObjectsApi
+) -> None:
+    """The job webhooks' CEL (the chart's, webhook.scope policies) against its Python twin: a
+    job of CPU pods never reaches gpuwarden, a GPU job and one carrying gpuwarden's keys do."""
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    cpu = job_in(ns)
+    for replica in cpu["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    marked = copy.deepcopy(cpu)
+    marked["metadata"]["name"] += "-marked"
+    marked["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"] = {
+        "labels": {"gpuwarden.io/profile": "heavy-training"}
+    }
+    for job, sent in ((cpu, False), (job_in(ns), True), (marked, True)):
+        assert job_needs_review(job) is sent
+        before = gpuwarden.server.requests_answered(endpoint="mutate")
+        create_job(pytorchjobs, job)
+        after = gpuwarden.server.requests_answered(endpoint="mutate")
+        assert after - before == (1 if sent else 0), job["metadata"]["name"]

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.render.scope import job_needs_review
 
 from .support import EXAMPLES, read_yaml
 from .test_property import CLUSTER, FUZZ, POLICY_SETS, pods
@@ -279,3 +280,21 @@ def test_a_template_mutated_is_the_pod_mutated(
     assert rebuilt == decided.admission.pod
     again = admit(AdmissionRequest("CREATE", namespace, rebuilt), policies, CLUSTER)
     assert again.mutation.patch == ()
+
+
+def test_the_job_webhooks_see_gpu_jobs_and_jobs_gpuwarden_changed() -> None:
+    """job_needs_review, the twin of the job webhooks' CEL (held to the API server's in
+    tests/e2e/test_jobs.py)."""
+    gpu = pytorchjob()
+    assert job_needs_review(gpu)
+    cpu = copy.deepcopy(gpu)
+    for replica in cpu["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert not job_needs_review(cpu)
+    cpu["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"]["annotations"] = {
+        "gpuwarden.io/profile": "heavy-training"
+    }
+    assert job_needs_review(cpu)
+    for kind in KIND_REPLICAS:
+        assert job_needs_review(job_of(kind))
+    assert not job_needs_review({**job_of("TFJob"), "kind": "PyTorchJob"})
