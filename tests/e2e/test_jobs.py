@@ -22,6 +22,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR, wait_for
+from gpuwarden.lab.cluster.trainingoperator import delete_jobs
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     SERVER_SET_METADATA,
@@ -103,6 +104,7 @@ def pytorchjobs(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi
 
     wait_for("the PyTorchJob CRD to be served", served, timeout=30)
     yield objects
+    delete_jobs(gpuwarden.api)
 
 
 def job_in(namespace: str, *, worker_gpus: str = "1") -> Obj:

@@ -22,7 +22,7 @@ from kubernetes import client as k8s_client
 
 from gpuwarden.cli import main
 from gpuwarden.lab.cluster.gpuwardenserver import wait_for
-from gpuwarden.lab.cluster.trainingoperator import TrainingOperator
+from gpuwarden.lab.cluster.trainingoperator import TrainingOperator, delete_jobs
 from gpuwarden.lab.cluster.webhookstack import Obj, WebhookStack
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.quantity import parse_quantity
@@ -45,6 +45,7 @@ def training_operator(
     operator.start()
     yield operator
     operator.stop()
+    delete_jobs(gpuwarden.api)
 
 
 def contained(predicted: Any, real: Any, where: str = "") -> list[str]:

@@ -35,6 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster.controlplane import ControlPlane, Process, free_ports
 from gpuwarden.lab.cluster.kueue import go_module, install_crds
+from gpuwarden.policy.pod import jobs
 
 MODULE = "github.com/kubeflow/training-operator"
 #: The version hack/build-tools.sh builds (TRAINING_OPERATOR_VERSION there).
@@ -158,3 +159,21 @@ class TrainingOperator:
             except ApiException as exc:
                 if exc.status != _HTTP_CONFLICT:
                     raise
+
+
+def delete_jobs(api: k8s_client.ApiClient, plural: str = "pytorchjobs") -> None:
+    """Delete every job of ``plural`` and every pod a Training Operator controller made (no
+    garbage collector runs here to follow their owner references; unscheduled pods go at once),
+    so that later suites find the tenants' quotas as they were."""
+    objects: Any = k8s_client.CustomObjectsApi(api)
+    core: Any = k8s_client.CoreV1Api(api)
+    for job in objects.list_cluster_custom_object("kubeflow.org", "v1", plural)["items"]:
+        meta = job["metadata"]
+        objects.delete_namespaced_custom_object(
+            "kubeflow.org", "v1", meta["namespace"], plural, meta["name"]
+        )
+    pods = core.list_pod_for_all_namespaces(label_selector=jobs.JOB_NAME_LABEL).items
+    for pod in pods:
+        core.delete_namespaced_pod(
+            pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0
+        )
