@@ -101,3 +101,23 @@ async def test_a_gpu_job_waits_for_a_policy_and_a_cpu_job_goes_ahead(
         "resources"
     )
     assert (await webhook.admit("validate", job_review(cpu)))["allowed"] is True
+
+
+async def test_an_update_is_mutated_only_where_it_changes_a_replica(webhook: Webhook) -> None:
+    old = apply_response(pytorchjob(), await webhook.admit("mutate", job_review(pytorchjob())))
+    # Kueue's unsuspend, or a label on the job: the templates stay, nothing to do.
+    new = copy.deepcopy(old)
+    new["spec"]["runPolicy"] = {"suspend": False}
+    response = await webhook.admit("mutate", job_review(new, operation="UPDATE", old=old))
+    assert response["allowed"] is True
+    assert "patch" not in response
+    # A new replica type is decided and its template mutated.
+    new["spec"]["pytorchReplicaSpecs"]["Master"] = copy.deepcopy(
+        pytorchjob()["spec"]["pytorchReplicaSpecs"]["Worker"]
+    )
+    response = await webhook.admit("mutate", job_review(new, operation="UPDATE", old=old))
+    mutated = apply_response(new, response)
+    master = mutated["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
+    assert master["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    deleted = await webhook.admit("validate", job_review(None, operation="DELETE", old=old))
+    assert deleted["allowed"] is True
