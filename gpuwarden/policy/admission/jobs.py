@@ -47,7 +47,8 @@ _CONTROLLER_FIELDS = frozenset(
 
 
 class ReplicaAdmission(NamedTuple):
-    """One replica: the pod its controller will create (index 0) and that pod's admission."""
+    """One replica: the pod its controller will create (the first; the second where only that
+    one is denied) and that pod's admission."""
 
     replica: ReplicaTemplate
     pod: Mapping[str, Any]
