@@ -10,12 +10,14 @@
 #   kueue                     sigs.k8s.io/kueue/cmd/kueue (tenant queues in the lab)
 #   promtool, prometheus      github.com/prometheus/prometheus (cmd/promtool: the chart's rules
 #                             checked and unit-tested; cmd/prometheus: the `gpuwarden usage` e2e)
+#   training-operator         github.com/kubeflow/training-operator/cmd/training-operator.v1
+#                             (the Training Operator v1 whose jobs the e2e suite submits)
 #
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK=, KUEUE=, PROMTOOL= and PROMETHEUS= lines (absolute
-# paths). Go's module
+# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK=, KUEUE=, PROMTOOL=, PROMETHEUS= and TRAINING_OPERATOR=
+# lines (absolute paths). Go's module
 # and build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are
 # warm; the lab reads Kueue's CRDs and webhook manifests from its module there.
 #
@@ -24,13 +26,14 @@
 # source trees. Instead this script generates a throwaway build module under
 # ${cache}/.build/ that requires the module and, for Kubernetes, replaces each
 # staging module (required there as v0.0.0) with its published v0.<minor>.<patch>.
-# kwok's, kueue's and prometheus's go.mod have no replace directives, so they build with plain
-# `go install`. Prometheus is built with the tag remove_all_sd (no service-discovery plugins:
-# the e2e scrapes static targets, and the build is far shorter) and without builtinassets
-# (whose web UI bundle is not in the module: the HTTP API, all the tests use, works without it).
+# kwok's, kueue's, prometheus's and the Training Operator's go.mod have no replace directives,
+# so they build with plain `go install`. Prometheus is built with the tag remove_all_sd (no
+# service-discovery plugins: the e2e scrapes static targets, and the build is far shorter) and
+# without builtinassets (whose web UI bundle is not in the module: the HTTP API, all the tests
+# use, works without it).
 #
 # Versions can be overridden with KUBERNETES_VERSION, ETCD_VERSION, HELM_VERSION,
-# KWOK_VERSION, KUEUE_VERSION, PROMETHEUS_VERSION; the Go
+# KWOK_VERSION, KUEUE_VERSION, PROMETHEUS_VERSION, TRAINING_OPERATOR_VERSION; the Go
 # toolchain with GO.
 set -euo pipefail
 shopt -s inherit_errexit
@@ -41,6 +44,7 @@ HELM_VERSION="${HELM_VERSION:-v4.3.2}"
 KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
+TRAINING_OPERATOR_VERSION="${TRAINING_OPERATOR_VERSION:-v1.8.1}"
 
 LOG_NAME=build-tools
 # shellcheck source=hack/lib.sh
@@ -55,6 +59,7 @@ kwok="$cache/kwok-$KWOK_VERSION/kwok"
 kueue="$cache/kueue-$KUEUE_VERSION/kueue"
 promtool="$cache/promtool-$PROMETHEUS_VERSION/promtool"
 prometheus="$cache/prometheus-$PROMETHEUS_VERSION/prometheus"
+training_operator="$cache/training-operator-$TRAINING_OPERATOR_VERSION/training-operator"
 
 write_env() {
 	local tmp="$cache/tools.env.tmp.$$"
@@ -68,6 +73,7 @@ write_env() {
 		echo "KUEUE=$kueue"
 		echo "PROMTOOL=$promtool"
 		echo "PROMETHEUS=$prometheus"
+		echo "TRAINING_OPERATOR=$training_operator"
 	} >"$tmp"
 	mv -f "$tmp" "$cache/tools.env"
 }
@@ -197,6 +203,17 @@ build_prometheus_cmd() {
 	rm -rf "$bindir/.gobin"
 }
 
+build_training_operator() {
+	local bindir
+	bindir="$(dirname "$training_operator")"
+	mkdir -p "$bindir"
+	rm -rf "$bindir/.gobin"
+	GOBIN="$bindir/.gobin" "$GO" install -trimpath -ldflags "-s -w" \
+		"github.com/kubeflow/training-operator/cmd/training-operator.v1@$TRAINING_OPERATOR_VERSION"
+	mv -f "$bindir/.gobin/training-operator.v1" "$training_operator"
+	rm -rf "$bindir/.gobin"
+}
+
 # Everything runs inside main, which bash parses whole before running, so editing this file
 # while a (long) build is in progress cannot derail that build.
 main() {
@@ -207,7 +224,7 @@ main() {
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
 	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
 		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" && -x "$promtool" &&
-		-x "$prometheus" ]]; then
+		-x "$prometheus" && -x "$training_operator" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -245,6 +262,9 @@ main() {
 	fi
 	if [[ ! -x "$prometheus" ]]; then
 		timed "prometheus $PROMETHEUS_VERSION" build_prometheus_cmd "$prometheus" prometheus
+	fi
+	if [[ ! -x "$training_operator" ]]; then
+		timed "training-operator $TRAINING_OPERATOR_VERSION" build_training_operator
 	fi
 	log "done in $((SECONDS - total))s"
 

@@ -19,10 +19,14 @@ from gpuwarden.policy import (
     ClusterView,
     PolicyError,
     PolicySet,
+    admit,
     load_paths,
 )
 from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.decision import Operation
+from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.admission.pipeline import Admission
+from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.spec.model import EnforcementAction
 
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -30,6 +34,13 @@ _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # Namespaces every cluster has: a dry run may assume them without a --namespaces entry.
 _BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease"})
+
+
+#: The dry runs read Kubeflow jobs too, as their errors say.
+JOBS_TOO = (
+    f"; Kubeflow jobs ({', '.join(jobs.JOB_KINDS)}, {jobs.JOB_GROUP}/{jobs.JOB_VERSION}) are "
+    "read too"
+)
 
 
 class InputError(Exception):
@@ -41,6 +52,22 @@ class PodInput:
     source: str
     request: AdmissionRequest
     from_review: bool
+
+    @property
+    def is_job(self) -> bool:
+        return jobs.is_job(self.request.pod)
+
+    def admit(
+        self,
+        policies: PolicySet,
+        cluster: ClusterView,
+        *,
+        default_action: EnforcementAction = "enforce",
+    ) -> Admission:
+        """The pod's admission, or the job's (each replica decided as its pod)."""
+        if self.is_job:
+            return admit_job(self.request, policies, cluster, default_action=default_action)
+        return admit(self.request, policies, cluster, default_action=default_action)
 
     @property
     def label(self) -> str:
@@ -151,10 +178,11 @@ def load_cluster(sources: Sequence[str]) -> ClusterView:
 
 def _pod_request(doc: Mapping[str, Any], source: str, namespace: str | None) -> AdmissionRequest:
     meta = doc.get("metadata")
+    kind = doc.get("kind")
     if not isinstance(meta, Mapping):
-        raise InputError(f"{source}: the Pod has no metadata")
+        raise InputError(f"{source}: the {kind} has no metadata")
     if not isinstance(doc.get("spec"), Mapping):
-        raise InputError(f"{source}: the Pod has no spec")
+        raise InputError(f"{source}: the {kind} has no spec")
     ns = namespace or meta.get("namespace") or "default"
     return AdmissionRequest(operation="CREATE", namespace=str(ns), pod=doc)
 
@@ -218,14 +246,16 @@ def read_pods(sources: Iterable[str], namespace: str | None = None) -> list[PodI
             )
         for where, doc in located:
             if not isinstance(doc, Mapping):
-                raise InputError(f"{where}: expected a Pod or an AdmissionReview")
+                raise InputError(f"{where}: expected a Pod or an AdmissionReview{JOBS_TOO}")
             kind = doc.get("kind")
             if kind == "AdmissionReview":
                 inputs.append(PodInput(where, _review_request(doc, where, namespace), True))
-            elif kind == "Pod":
+            elif kind == "Pod" or jobs.is_job(doc):
                 inputs.append(PodInput(where, _pod_request(doc, where, namespace), False))
             else:
-                raise InputError(f"{where}: expected kind Pod or AdmissionReview, got {kind!r}")
+                raise InputError(
+                    f"{where}: expected kind Pod or AdmissionReview, got {kind!r}{JOBS_TOO}"
+                )
     return inputs
 
 
@@ -240,7 +270,10 @@ class DryRun:
 
 def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
     parser.add_argument(
-        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
+        "files",
+        nargs="+",
+        metavar=metavar,
+        help="Pod, Kubeflow job (PyTorchJob...) or AdmissionReview (- for stdin)",
     )
     parser.add_argument(
         "--policies",

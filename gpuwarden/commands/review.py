@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.commands._inputs import InputError, eprint, namespace_name, read_documents
+from gpuwarden.commands._inputs import (
+    JOBS_TOO,
+    InputError,
+    eprint,
+    namespace_name,
+    read_documents,
+)
+from gpuwarden.policy.pod import jobs
 
 HELP = "Send AdmissionReviews (or Pods) to a running gpuwarden webhook and print its answers"
 
@@ -40,7 +47,8 @@ def register(parser: argparse.ArgumentParser) -> None:
         "files",
         nargs="+",
         metavar="FILE",
-        help="AdmissionReview or Pod, JSON or YAML (- for stdin); a Pod is sent as a CREATE",
+        help="AdmissionReview, Pod or Kubeflow job (PyTorchJob...), JSON or YAML (- for stdin); "
+        "a Pod or a job is sent as a CREATE",
     )
     parser.add_argument(
         "--url",
@@ -102,7 +110,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 
 
 def review_for(doc: Any, where: str, namespace: str | None) -> dict[str, Any]:
-    """The AdmissionReview to send for one document: itself, or a Pod wrapped in a CREATE."""
+    """The AdmissionReview to send for one document: itself, or a Pod or a Kubeflow job
+    wrapped in a CREATE."""
     if not isinstance(doc, Mapping):
         raise InputError(f"{where}: expected a Pod or an AdmissionReview")
     kind = doc.get("kind")
@@ -110,15 +119,20 @@ def review_for(doc: Any, where: str, namespace: str | None) -> dict[str, Any]:
         if not isinstance(doc.get("request"), Mapping):
             raise InputError(f"{where}: the AdmissionReview has no request")
         return dict(doc)
-    if kind != "Pod":
-        raise InputError(f"{where}: expected kind Pod or AdmissionReview, got {kind!r}")
+    job = jobs.job_kind(doc)
+    if kind != "Pod" and job is None:
+        raise InputError(f"{where}: expected kind Pod or AdmissionReview, got {kind!r}{JOBS_TOO}")
     meta = doc.get("metadata")
     if not isinstance(meta, Mapping):
-        raise InputError(f"{where}: the Pod has no metadata")
+        raise InputError(f"{where}: the {kind} has no metadata")
     ns = str(namespace or meta.get("namespace") or "default")
     pod = {**doc, "metadata": {**meta, "namespace": ns}}
     pod_kind = {"group": "", "version": "v1", "kind": "Pod"}
     pods = {"group": "", "version": "v1", "resource": "pods"}
+    if job is not None:
+        # A job is sent as the API server sends it to the job webhooks: its own kind and plural.
+        pod_kind = {"group": jobs.JOB_GROUP, "version": jobs.JOB_VERSION, "kind": job.kind}
+        pods = {"group": jobs.JOB_GROUP, "version": jobs.JOB_VERSION, "resource": job.plural}
     return {
         "apiVersion": API_VERSION,
         "kind": "AdmissionReview",

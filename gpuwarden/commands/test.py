@@ -19,7 +19,7 @@ from gpuwarden.commands._inputs import (
     read_documents,
     read_pods,
 )
-from gpuwarden.policy import PolicyError, admit, load_paths
+from gpuwarden.policy import PolicyError, load_paths
 from gpuwarden.policy.spec.loader import (
     compose_documents,
     did_you_mean,
@@ -250,7 +250,7 @@ def _check(case: Case, ctx: _Context) -> Row:
         )
     failures: list[str] = []
     for item in inputs:
-        outcome = admit(item.request, ctx.policies, ctx.cluster)
+        outcome = item.admit(ctx.policies, ctx.cluster)
         verdict = "allowed" if outcome.allowed else "denied"
         expected = case.result or "allowed"
         if verdict != expected:

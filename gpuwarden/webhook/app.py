@@ -377,7 +377,7 @@ class AdmissionHandler:
 
     def _needs_namespace(self, review: Review) -> bool:
         """Whether the request's namespace must be read live first (see _resolve_namespace)."""
-        if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
+        if not (review.is_pod or review.is_job) or review.operation in ("DELETE", "CONNECT"):
             return False
         return self.ctx.cluster.needs_lookup(review.namespace)
 

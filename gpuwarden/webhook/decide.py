@@ -19,6 +19,7 @@ from gpuwarden.policy.admission.validate import (
 from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.model import EnforcementAction
+from gpuwarden.webhook.jobdecide import decide_job
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
 
@@ -82,6 +83,14 @@ def decide(
         return validate_config_map(
             review.admission_request(), policies, cluster, default_action=default_action
         )
+    if review.is_job:
+        refused = None
+        if policies is None or namespace_error is not None:
+            unavailable = _unavailable(review, policies, policy_error, namespace_error)
+            refused = _refusal(endpoint, unavailable, _fallback_action(policies, default_action))
+        return decide_job(
+            endpoint == "mutate", review, policies, cluster, refused, default_action=default_action
+        )
     if not review.is_pod or review.operation in ("DELETE", "CONNECT"):
         return Decision()
     if review.obj is None:
@@ -92,38 +101,51 @@ def decide(
             check_pod(review.old_obj, "request.oldObject")
     except ShapeError as exc:
         raise ReviewError(str(exc)) from None
-    if policies is None:
-        # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
+    if policies is None or namespace_error is not None:
+        action = _fallback_action(policies, default_action)
         if _guarded_gpu_pod(review):
-            refused = Decision(
-                allowed=False,
-                code=403,
-                reason="Forbidden",
-                message=no_policy_message(policy_error),
-                rule=NO_POLICY_REASON,
-            )
-            return _refusal(endpoint, refused, default_action)
-        return Decision()
-    if namespace_error is not None:
-        # The tenant is unknown: the set's own action, or the webhook's.
-        action = policies.action_for(None, default_action)
-        if _guarded_gpu_pod(review):
-            refused = Decision(
-                allowed=False,
-                code=503,
-                reason="ServiceUnavailable",
-                message=namespace_unknown_message(review.namespace, namespace_error),
-                rule=NAMESPACE_UNKNOWN_RULE,
-            )
+            refused = _unavailable(review, policies, policy_error, namespace_error)
             return _refusal(endpoint, refused, action)
-        if endpoint == "validate":
+        if policies is not None and namespace_error is not None and endpoint == "validate":
             escapes = _escapes_without_namespace(review, policies, cluster, namespace_error)
             return audited(escapes, action)
+        # Fail closed for our scope: GPU pods wait for a policy, everything else goes ahead.
         return Decision()
     request = review.admission_request()
     if endpoint == "mutate":
         return mutate(request, policies, cluster, default_action=default_action)
     return validate(request, policies, cluster, default_action=default_action)
+
+
+def _unavailable(
+    review: Review,
+    policies: PolicySet | None,
+    policy_error: str | None,
+    namespace_error: str | None,
+) -> Decision:
+    """The refusal of a GPU request while no policy is loaded, or its namespace is unknown."""
+    if policies is None or namespace_error is None:
+        return Decision(
+            allowed=False,
+            code=403,
+            reason="Forbidden",
+            message=no_policy_message(policy_error),
+            rule=NO_POLICY_REASON,
+        )
+    return Decision(
+        allowed=False,
+        code=503,
+        reason="ServiceUnavailable",
+        message=namespace_unknown_message(review.namespace, namespace_error),
+        rule=NAMESPACE_UNKNOWN_RULE,
+    )
+
+
+def _fallback_action(
+    policies: PolicySet | None, default_action: EnforcementAction
+) -> EnforcementAction:
+    """The action where the tenant is unknown: the set's own, or the webhook's."""
+    return default_action if policies is None else policies.action_for(None, default_action)
 
 
 def _refusal(endpoint: Endpoint, refused: Decision, action: EnforcementAction) -> Decision:

@@ -19,6 +19,7 @@ import orjson
 
 from gpuwarden.policy import AdmissionRequest, Decision
 from gpuwarden.policy.admission.decision import Operation
+from gpuwarden.policy.pod import jobs
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 OPERATIONS: tuple[Operation, ...] = ("CREATE", "UPDATE", "DELETE", "CONNECT")
@@ -68,6 +69,13 @@ class Review(NamedTuple):
     @property
     def is_pod(self) -> bool:
         return self.group == "" and (self.kind == "Pod" or self.resource == "pods")
+
+    @property
+    def is_job(self) -> bool:
+        """A Kubeflow Training Operator job (PyTorchJob and its kin, kubeflow.org/v1)."""
+        return self.group == jobs.JOB_GROUP and (
+            self.kind in jobs.JOB_KINDS or self.resource in jobs.JOB_PLURALS
+        )
 
     @property
     def is_config_map(self) -> bool:

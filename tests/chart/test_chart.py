@@ -167,6 +167,7 @@ def test_webhook_configurations_are_easy_to_pick_out(default: Rendering) -> None
     assert [h["name"] for h in validating["webhooks"]] == [
         "validate.gpuwarden.io",
         "validate-configmaps.gpuwarden.io",
+        "validate-jobs.gpuwarden.io",
     ]
     for config, path in ((mutating, "/mutate"), (validating, "/validate")):
         for hook in config["webhooks"]:

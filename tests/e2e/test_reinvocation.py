@@ -221,11 +221,13 @@ def test_mutated_exactly_once_and_our_second_call_is_an_empty_patch(
         ("mutate", True),
         ("mutate", False),
     ]
-    # The API server's account agrees: round 0 both mutated, round 1 we did not.
+    # The API server's account agrees: round 0 both mutated, round 1 we did not. (The index
+    # counts every webhook of the configurations before the labeller's: gpuwarden's pod and
+    # job webhooks.)
     event = audit_log.pod_creation(namespace, name)
     assert _rounds(event) == [
         ("round_0_index_0", "gpuwarden", True),
-        ("round_0_index_1", CONFIG_NAME, True),
+        ("round_0_index_2", CONFIG_NAME, True),
         ("round_1_index_0", "gpuwarden", False),
     ]
 
@@ -247,6 +249,6 @@ def test_reinvocation_restores_what_a_later_webhook_undid(
     event = audit_log.pod_creation(namespace, name)
     assert _rounds(event) == [
         ("round_0_index_0", "gpuwarden", True),
-        ("round_0_index_1", CONFIG_NAME, True),
+        ("round_0_index_2", CONFIG_NAME, True),
         ("round_1_index_0", "gpuwarden", True),
     ]

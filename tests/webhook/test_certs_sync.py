@@ -181,8 +181,9 @@ def _secret(api: k8s_client.ApiClient, install: Install) -> tuple[dict[str, byte
     return data, str(body.metadata.resource_version)
 
 
-# The chart's webhooks: mutate and validate for pods, validate for ConfigMaps.
-WEBHOOKS = 3
+# The chart's webhooks: mutate and validate for pods, validate for ConfigMaps, mutate and
+# validate for Kubeflow jobs.
+WEBHOOKS = 5
 
 
 def _ca_bundles(api: k8s_client.ApiClient, name: str) -> list[bytes]:

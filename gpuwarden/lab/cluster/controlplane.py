@@ -71,7 +71,7 @@ _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
 _PORT_IN_USE = "address already in use"
 # tools.env lines that may be missing (a cache built before the scheduling lab existed).
-_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK", "KUEUE")
+_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK", "KUEUE", "TRAINING_OPERATOR")
 
 
 class ToolsMissingError(RuntimeError):
@@ -96,8 +96,8 @@ def cache_dir() -> Path:
 class Tools:
     """Absolute paths of the binaries built by hack/build-tools.sh.
 
-    kube-scheduler, kwok and kueue are None in a tools.env written before the lab's tools
-    existed; only the scheduling lab needs them (and says so).
+    kube-scheduler, kwok, kueue and the Training Operator are None in a tools.env written
+    before they were built; only the scheduling lab and the job suites need them (and say so).
     """
 
     kube_apiserver: Path
@@ -107,6 +107,7 @@ class Tools:
     kube_scheduler: Path | None = None
     kwok: Path | None = None
     kueue: Path | None = None
+    training_operator: Path | None = None
 
     @classmethod
     def load(cls, cache: Path | None = None) -> Tools:
@@ -139,6 +140,7 @@ class Tools:
             kube_scheduler=paths.get("KUBE_SCHEDULER"),
             kwok=paths.get("KWOK"),
             kueue=paths.get("KUEUE"),
+            training_operator=paths.get("TRAINING_OPERATOR"),
         )
 
 

@@ -165,10 +165,10 @@ def go_binary() -> str:
     raise ToolsMissingError("no Go toolchain (need go on PATH or /usr/local/go/bin/go)")
 
 
-def module_dir(version: str = KUEUE_VERSION) -> Path:
-    """Kueue's module source in Go's module cache (downloaded through the proxy if missing)."""
+def go_module(module: str, version: str) -> Path:
+    """A module's source in Go's module cache (downloaded through the proxy if missing)."""
     result = subprocess.run(
-        [go_binary(), "mod", "download", "-json", f"{KUEUE_MODULE}@{version}"],
+        [go_binary(), "mod", "download", "-json", f"{module}@{version}"],
         capture_output=True,
         text=True,
         check=False,
@@ -178,8 +178,13 @@ def module_dir(version: str = KUEUE_VERSION) -> Path:
     directory = info.get("Dir")
     if result.returncode != 0 or not directory:
         detail = info.get("Error") or result.stderr.strip()
-        raise ToolsMissingError(f"go mod download {KUEUE_MODULE}@{version} failed: {detail}")
+        raise ToolsMissingError(f"go mod download {module}@{version} failed: {detail}")
     return Path(directory)
+
+
+def module_dir(version: str = KUEUE_VERSION) -> Path:
+    """Kueue's module source in Go's module cache (downloaded through the proxy if missing)."""
+    return go_module(KUEUE_MODULE, version)
 
 
 def crd_manifests(module: Path) -> list[dict[str, Any]]:
@@ -377,24 +382,44 @@ class Kueue:
         self.plane.poll(f"Kueue to report {len(queues)} queues Active", active, [], deadline)
 
     def _apply_crds(self, api: k8s_client.ApiClient, deadline: float) -> None:
-        ext: Any = k8s_client.ApiextensionsV1Api(api)
-        names = []
-        for crd in crd_manifests(self.module):
-            names.append(crd["metadata"]["name"])
-            try:
-                ext.create_custom_resource_definition(crd)
-            except ApiException as exc:
-                if exc.status != _HTTP_CONFLICT:
-                    raise
+        install_crds(self.plane, api, crd_manifests(self.module), "Kueue's CRDs", deadline)
 
-        def established() -> bool:
-            for name in names:
-                conditions = ext.read_custom_resource_definition(name).status.conditions or []
-                if not any(c.type == "Established" and c.status == "True" for c in conditions):
-                    return False
-            return True
 
-        self.plane.poll("Kueue's CRDs to be established", established, [], deadline)
+def install_crds(
+    plane: ControlPlane,
+    api: k8s_client.ApiClient,
+    crds: Sequence[Mapping[str, Any]],
+    what: str,
+    deadline: float,
+    *,
+    replace: bool = False,
+) -> None:
+    """Create the CRDs (one of the same name stays, or with ``replace`` is replaced) and wait
+    until the API server has established them all."""
+    ext: Any = k8s_client.ApiextensionsV1Api(api)
+    names = []
+    for crd in crds:
+        name = crd["metadata"]["name"]
+        names.append(name)
+        try:
+            ext.create_custom_resource_definition(dict(crd))
+        except ApiException as exc:
+            if exc.status != _HTTP_CONFLICT:
+                raise
+            if replace:
+                current = ext.read_custom_resource_definition(name)
+                body = {**crd, "metadata": {**crd["metadata"]}}
+                body["metadata"]["resourceVersion"] = current.metadata.resource_version
+                ext.replace_custom_resource_definition(name, body)
+
+    def established() -> bool:
+        for name in names:
+            conditions = ext.read_custom_resource_definition(name).status.conditions or []
+            if not any(c.type == "Established" and c.status == "True" for c in conditions):
+                return False
+        return True
+
+    plane.poll(f"{what} to be established", established, [], deadline)
 
 
 def _install_webhooks(api: k8s_client.ApiClient, configs: Sequence[Mapping[str, Any]]) -> None:

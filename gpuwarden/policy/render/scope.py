@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod import jobs, keys
 from gpuwarden.policy.pod.resources import (
     ACCELERATOR_PREFIXES,
     CDI_ANNOTATION_PREFIX,
@@ -422,6 +422,95 @@ def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
     )
 
 
+# --- Kubeflow jobs --------------------------------------------------------------------------
+
+#: The job webhooks' first condition: the Training Operator's group only.
+JOBS_ONLY_CEL = f'request.kind.group == "{jobs.JOB_GROUP}"'
+
+
+def _template_cel(template: str) -> str:
+    """A replica's pod template names a GPU resource, or carries gpuwarden's own keys."""
+    gpu = (
+        "(has(c.resources) && ("
+        f"(has(c.resources.limits) && c.resources.limits.exists(k, {_GPU_KEYS})) || "
+        f"(has(c.resources.requests) && c.resources.requests.exists(k, {_GPU_KEYS}))))"
+    )
+    spec, meta = f"{template}.spec", f"{template}.metadata"
+    return " || ".join(
+        [
+            *(
+                f"(has({spec}) && has({spec}.{field}) && {spec}.{field}.exists(c, {gpu}))"
+                for field in ("containers", "initContainers")
+            ),
+            *(
+                f"(has({meta}) && has({meta}.{part}) && "
+                f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}")))'
+                for part in ("labels", "annotations")
+            ),
+        ]
+    )
+
+
+#: Only jobs whose replica templates name a GPU resource or carry gpuwarden's keys are sent to
+#: the job webhooks: a job of CPU pods is created while gpuwarden is down. Narrower than the pod
+#: scope on purpose: the pod webhooks still judge every pod the job's controller creates (its
+#: escapes, and GPUs a rule gives to pods that ask for none); the job webhooks foretell and
+#: refuse early what GPU jobs will get.
+JOB_CEL = " || ".join(
+    f'(request.kind.kind == "{kind.kind}" && has(object.spec) && '
+    f"has(object.spec.{kind.replica_field}) && object.spec.{kind.replica_field}.exists(r, "
+    f"has(object.spec.{kind.replica_field}[r].template) && "
+    f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')})))"
+    for kind in jobs.JOB_KINDS.values()
+)
+
+
+def _template_needs(template: Any) -> bool:
+    if not isinstance(template, dict):
+        return False
+    spec = template.get("spec")
+    if isinstance(spec, dict):
+        for field in ("containers", "initContainers"):
+            items = spec.get(field)
+            for c in items if isinstance(items, list) else ():
+                resources = c.get("resources") if isinstance(c, dict) else None
+                if isinstance(resources, dict) and any(
+                    isinstance(resources.get(s), dict) and any(map(_is_gpu_key, resources[s]))
+                    for s in ("limits", "requests")
+                ):
+                    return True
+    meta = template.get("metadata")
+    if isinstance(meta, dict):
+        for part in ("labels", "annotations"):
+            values = meta.get(part)
+            if isinstance(values, dict) and any(str(k).startswith(OWN_PREFIX) for k in values):
+                return True
+    return False
+
+
+def job_needs_review(job: Mapping[str, Any]) -> bool:
+    """The Python twin of :data:`JOB_CEL`: whether the API server calls the job webhooks."""
+    kind = jobs.job_kind(job)
+    spec = job.get("spec")
+    if kind is None or not isinstance(spec, dict):
+        return False
+    replicas = spec.get(kind.replica_field)
+    if not isinstance(replicas, dict):
+        return False
+    return any(
+        isinstance(r, dict) and _template_needs(r.get("template")) for r in replicas.values()
+    )
+
+
+def job_match_conditions() -> list[dict[str, str]]:
+    """The job webhooks' matchConditions (ANDed by the API server), as the chart renders them
+    with webhook.scope policies."""
+    return [
+        {"name": "kubeflow-jobs-only", "expression": JOBS_ONLY_CEL},
+        {"name": "gpuwarden-may-act", "expression": JOB_CEL},
+    ]
+
+
 # --- the chart ------------------------------------------------------------------------------
 
 CHART_TEMPLATE_HEADER = (
@@ -450,5 +539,8 @@ def chart_template() -> str:
         + "\n{{- end -}}\n"
         + '{{- define "gpuwarden.scope.configMaps" -}}\n'
         + CONFIG_MAP_CEL
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.jobs" -}}\n'
+        + JOB_CEL
         + "\n{{- end -}}\n"
     )

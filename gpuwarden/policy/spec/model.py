@@ -626,6 +626,11 @@ class Tenant(StrictModel):
         default=True, description=f"Honour the pod label {keys.PROFILE_LABEL}"
     )
     queue: str | None = Field(default=None, description="Volcano queue for this tenant's pods")
+    job_templates: Literal["mutate", "keep"] = Field(
+        default="mutate",
+        description="Kubeflow jobs (PyTorchJob...): mutate each replica's pod template to what "
+        "its pods will get, or keep the job as written and say it in warnings (GitOps)",
+    )
     quota: TenantQuota | None = Field(
         default=None, description="ResourceQuota to render per namespace; unset renders none"
     )

@@ -1,0 +1,208 @@
+"""Admission of Kubeflow job objects: each replica decided as the pod its controller will create.
+
+A job is denied when a replica's pod would be, with that pod's message prefixed by the replica
+(``Worker: ...``). Otherwise the mutation rewrites each replica's pod template into what the pod
+webhook would make of the pod, so the controller's pods need no further change and queues that
+charge templates (Kueue, Volcano's PodGroup minResources) charge what the pods use. A tenant's
+``jobTemplates: keep`` leaves the job as written and says in warnings what the pods will get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jsonpatch
+
+from gpuwarden.policy.admission.decision import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    bounded_warnings,
+    warning,
+)
+from gpuwarden.policy.admission.patch import escape, pointer
+from gpuwarden.policy.admission.pipeline import Admission, admit
+from gpuwarden.policy.admission.validate import MAX_MESSAGE
+from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
+from gpuwarden.policy.spec.model import EnforcementAction
+from gpuwarden.policy.spec.policyset import PolicySet
+
+_PREFIX = "gpuwarden: "
+# Pod fields the controller writes itself: a pod patch that touched them has no template twin.
+_CONTROLLER_FIELDS = frozenset(
+    {"/metadata/name", "/metadata/namespace"}
+    | {
+        f"/metadata/labels/{escape(key)}"
+        for key in (
+            jobs.JOB_NAME_LABEL,
+            jobs.REPLICA_TYPE_LABEL,
+            jobs.REPLICA_INDEX_LABEL,
+            jobs.OPERATOR_NAME_LABEL,
+            jobs.JOB_ROLE_LABEL,
+        )
+    }
+)
+
+
+class ReplicaAdmission(NamedTuple):
+    """One replica: the pod its controller will create (the first; the second where only that
+    one is denied) and that pod's admission."""
+
+    replica: ReplicaTemplate
+    pod: Mapping[str, Any]
+    admission: Admission
+
+
+@dataclass(frozen=True)
+class JobAdmission(Admission):
+    """A job's answers: what /mutate and /validate say, the job as the mutation leaves it
+    (``pod``, the object under review), and each replica's admission."""
+
+    replicas: tuple[ReplicaAdmission, ...] = ()
+
+
+def _replica_line(replica: str, line: str) -> str:
+    return warning(f"{_PREFIX}{replica}: {line.removeprefix(_PREFIX)}")
+
+
+def template_patch(
+    template: Mapping[str, Any], path: Sequence[str], pod_patch: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The pod's JSON Patch moved under the template at ``path``: the same operations on the
+    template's metadata and spec, with the objects they need created first, and none on the
+    fields the controller writes itself (name, namespace, its labels)."""
+    base = pointer(list(path))
+    ops = [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
+    if not ops:
+        return []
+    meta = template.get("metadata")
+    parents: list[dict[str, Any]] = []
+    touches = {op["path"].split("/")[1] for op in ops}
+    if "metadata" in touches and not isinstance(meta, Mapping):
+        parents.append({"op": "add", "path": f"{base}/metadata", "value": {}})
+        meta = {}
+    if "spec" in touches and not isinstance(template.get("spec"), Mapping):
+        parents.append({"op": "add", "path": f"{base}/spec", "value": {}})
+    # The pod had the controller's labels, so its patch adds label keys one by one.
+    labelled = any(op["path"].startswith("/metadata/labels/") for op in ops)
+    if labelled and isinstance(meta, Mapping) and not isinstance(meta.get("labels"), Mapping):
+        parents.append({"op": "add", "path": f"{base}/metadata/labels", "value": {}})
+    return parents + [{**op, "path": base + op["path"]} for op in ops]
+
+
+def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
+    """Whether an update changed what the replica's pods are made of (a new replica counts)."""
+    if old is None:
+        return True
+    try:
+        before = {r.name: r for r in jobs.replica_templates(old)}
+    except JobShapeError:
+        return True
+    was = before.get(replica.name)
+    return was is None or (was.template, was.restart_policy) != (
+        replica.template,
+        replica.restart_policy,
+    )
+
+
+def unreadable_job(kind: str, error: str) -> Decision:
+    """A job whose replicas no Kubernetes object could have: refused, naming the field."""
+    return Decision(
+        allowed=False,
+        code=400,
+        reason="BadRequest",
+        message=f"gpuwarden cannot read the {kind}'s replicas: {error}",
+        rule="job-shape",
+    )
+
+
+def _keeps_templates(request: AdmissionRequest, policies: PolicySet, cluster: ClusterView) -> bool:
+    tenant = policies.tenant_for(request.namespace, cluster.labels_for(request.namespace))
+    return tenant is not None and tenant.job_templates == "keep"
+
+
+def _named(decision: Decision, decisions: Sequence[Decision]) -> Decision:
+    """``decision`` naming the tenant, profile and rule of the first replica that has one."""
+    for d in decisions:
+        if d.profile is not None:
+            return decision._replace(tenant=d.tenant, profile=d.profile, rule=d.rule)
+    tenant = next((d.tenant for d in decisions if d.tenant is not None), None)
+    return decision._replace(tenant=tenant)
+
+
+def admit_job(
+    request: AdmissionRequest,
+    policies: PolicySet,
+    cluster: ClusterView,
+    *,
+    default_action: EnforcementAction = "enforce",
+) -> JobAdmission:
+    """Admit a Training Operator job (``request.pod`` holds it) as its controller's pods will be:
+    each replica's pod through the pod pipeline (mutate, then validate the mutated pod), under
+    the enforcementAction each pod would get."""
+    job = request.pod
+    kind = str(job.get("kind"))
+    if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
+        return JobAdmission(Decision(), Decision(), job)
+    try:
+        templates = jobs.replica_templates(job)
+    except JobShapeError as exc:
+        denial = unreadable_job(kind, str(exc))
+        return JobAdmission(denial, denial, job)
+    keep = _keeps_templates(request, policies, cluster)
+    replicas: list[ReplicaAdmission] = []
+    patch: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for replica in templates:
+        if request.operation == "UPDATE" and not _changed(replica, request.old_pod):
+            continue
+        pod = jobs.replica_pod(job, replica, request.namespace)
+        pod_request = AdmissionRequest(
+            "CREATE", request.namespace, pod, uid=request.uid, dry_run=request.dry_run
+        )
+        admission = admit(pod_request, policies, cluster, default_action=default_action)
+        replicas.append(ReplicaAdmission(replica, pod, admission))
+        notes += [_replica_line(replica.name, line) for line in admission.warnings]
+        if not keep:
+            patch += template_patch(replica.template, replica.path, admission.mutation.patch)
+        for index in jobs.distinct_indices(job, replica)[1:]:
+            # The pods after the first lack its master role: where the policy tells them apart,
+            # they are judged too, and the template can carry only the first one's changes.
+            other = jobs.replica_pod(job, replica, request.namespace, index)
+            later = admit(
+                pod_request._replace(pod=other), policies, cluster, default_action=default_action
+            )
+            if later.mutation.patch != admission.mutation.patch:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{replica.name}: pods after the first get profile "
+                        f"{later.mutation.profile} (the template has the first's)"
+                    )
+                )
+            if not later.validation.allowed and admission.validation.allowed:
+                replicas[-1] = ReplicaAdmission(replica, other, later)
+    decisions = [r.admission.mutation for r in replicas]
+    if keep and any(d.patch for d in decisions):
+        notes.append(
+            warning(
+                f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each pod "
+                "gets the above when it is created"
+            )
+        )
+    mutation = _named(Decision(patch=tuple(patch), warnings=bounded_warnings(notes)), decisions)
+    mutated: Mapping[str, Any] = job
+    if patch:
+        mutated = jsonpatch.apply_patch(dict(job), patch)
+    validation = _named(Decision(), decisions)
+    for r in replicas:
+        denied = r.admission.validation
+        if not denied.allowed:
+            message = f"{r.replica.name}: {denied.message}"
+            if len(message) > MAX_MESSAGE:
+                message = message[: MAX_MESSAGE - 3] + "..."
+            validation = denied._replace(message=message, warnings=())
+            break
+    return JobAdmission(mutation, validation, mutated, tuple(replicas))

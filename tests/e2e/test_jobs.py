@@ -1,0 +1,238 @@
+"""Kubeflow jobs governed at submit, through the real API server (issue 30).
+
+A PyTorchJob CRD (a minimal structural one, generated here: the Training Operator's own CRD is
+not copied into this repository) is installed, and the chart's job webhooks point at gpuwarden
+serve. An over-limit job is refused by the API server with the replica's message; an allowed one
+is stored with its templates mutated, and the pod its controller would create from them passes
+the pod webhooks unchanged.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s_client
+from kubernetes.client.exceptions import ApiException
+
+from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR, wait_for
+from gpuwarden.lab.cluster.trainingoperator import delete_jobs
+from gpuwarden.lab.cluster.webhookstack import (
+    KUBEFLOW_PROFILE_LABELS,
+    SERVER_SET_METADATA,
+    Obj,
+    WebhookStack,
+    api_defaults,
+    create_pod,
+    parse_warning,
+)
+from gpuwarden.policy import AdmissionRequest, ClusterView
+from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.render.scope import job_needs_review
+
+from .controlplane import REPO_ROOT
+from .webhook import api_error
+
+GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
+JOB_FILE = REPO_ROOT / "examples" / "jobs" / "pytorchjob.yaml"
+GITOPS_POLICY = Path(__file__).parent / "policies" / "01-e2e-gitops.yaml"
+
+
+def pytorchjob_crd() -> Obj:
+    """A structural CRD for kubeflow.org/v1 PyTorchJob that keeps whatever the spec holds (the
+    names as pkg/apis/kubeflow.org/v1/pytorch_types.go of the Training Operator v1.8.1 gives
+    them; its own CRD types every field, which nothing here needs)."""
+    keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": "PyTorchJob",
+                "listKind": "PyTorchJobList",
+                "plural": PLURAL,
+                "singular": "pytorchjob",
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": keep, "status": keep},
+                        }
+                    },
+                    "subresources": {"status": {}},
+                }
+            ],
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def gpuwarden_policies() -> Sequence[Path]:
+    return (GITOPS_POLICY, POLICIES_DIR)
+
+
+@pytest.fixture(scope="module")
+def pytorchjobs(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi]:
+    """The PyTorchJob CRD, established and served."""
+    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
+    crd = pytorchjob_crd()
+    try:
+        extensions.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    objects = k8s_client.CustomObjectsApi(gpuwarden.api)
+
+    def served() -> bool:
+        objects.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        return True
+
+    wait_for("the PyTorchJob CRD to be served", served, timeout=30)
+    yield objects
+    delete_jobs(gpuwarden.api)
+
+
+def job_in(namespace: str, *, worker_gpus: str = "1") -> Obj:
+    job: Obj = yaml.safe_load(JOB_FILE.read_text())
+    job["metadata"]["namespace"] = namespace
+    job["metadata"]["name"] = f"bert-{uuid.uuid4().hex[:6]}"
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["resources"]["limits"]["nvidia.com/gpu"] = worker_gpus
+    return job
+
+
+def create_job(objects: k8s_client.CustomObjectsApi, job: Obj) -> tuple[Obj, tuple[str, ...]]:
+    """POST the job; the stored object and the response's warnings."""
+    response: Any = objects.create_namespaced_custom_object(
+        GROUP, VERSION, job["metadata"]["namespace"], PLURAL, job, _preload_content=False
+    )
+    warnings = tuple(parse_warning(h) for h in response.headers.getlist("Warning"))
+    return json.loads(response.data), warnings
+
+
+def job_exists(objects: k8s_client.CustomObjectsApi, namespace: str, name: str) -> bool:
+    try:
+        objects.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def predicted(gpuwarden: WebhookStack, job: Obj) -> Any:
+    """What `gpuwarden apply` says of the job, with the namespace's real labels."""
+    namespace = job["metadata"]["namespace"]
+    cluster = ClusterView(
+        namespace_labels={namespace: gpuwarden.namespace_labels(namespace)},
+        priority_classes=gpuwarden.priority_classes,
+    )
+    return admit_job(AdmissionRequest("CREATE", namespace, job), gpuwarden.policies, cluster)
+
+
+def test_an_over_limit_pytorchjob_is_refused_at_submit(
+    gpuwarden: WebhookStack, pytorchjobs: k8s_client.CustomObjectsApi
+) -> None:
+    """tenant-b allows 2 GPUs a pod: a job asking 8 per worker never gets stored."""
+    ns = gpuwarden.tenant_namespace(name="tenant-b")
+    job = job_in(ns, worker_gpus="8")
+    with pytest.raises(ApiException) as refused:
+        create_job(pytorchjobs, job)
+    status, text = api_error(refused.value)
+    assert status == 403
+    assert 'admission webhook "validate-jobs.gpuwarden.io" denied the request: Worker: ' in text
+    assert "container pytorch asks for 8 GPUs" in text
+    assert "tenant tenant-b allows at most 2 per pod" in text
+    assert text.endswith(predicted(gpuwarden, job).validation.message)
+    assert not job_exists(pytorchjobs, ns, job["metadata"]["name"])
+
+
+def test_an_allowed_pytorchjob_is_stored_with_its_templates_mutated(
+    gpuwarden: WebhookStack, pytorchjobs: k8s_client.CustomObjectsApi
+) -> None:
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    job = job_in(ns)
+    stored, warnings = create_job(pytorchjobs, job)
+    expected = predicted(gpuwarden, job)
+    assert expected.allowed
+    assert stored["spec"] == expected.pod["spec"]  # field for field what apply predicts
+    worker = stored["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert worker["spec"]["schedulerName"] == "volcano"
+    assert worker["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] == "1"
+    assert worker["metadata"]["annotations"]["gpuwarden.io/profile"] == "heavy-training"
+    assert "gpuwarden: Worker: pytorch: 1 whole GPU(s) on volcano" in warnings
+    # The worker pod its controller creates from the stored job: the pod webhooks change nothing
+    # (a server-side dry run, so it is not charged to the tenant's quota).
+    replica = next(r for r in jobs.replica_templates(stored) if r.name == "Worker")
+    pod = jobs.replica_pod(stored, replica, ns)
+    pod["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "PyTorchJob",
+            "name": stored["metadata"]["name"],
+            "uid": stored["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    created = create_pod(gpuwarden.api, pod, dry_run=True).pod
+    for key in SERVER_SET_METADATA:
+        created["metadata"].pop(key, None)
+    created.pop("status", None)
+    assert created == api_defaults(gpuwarden.api, pod)
+
+
+def test_validate_only_keeps_the_job_as_written(
+    gpuwarden: WebhookStack, pytorchjobs: k8s_client.CustomObjectsApi
+) -> None:
+    """The tenant's jobTemplates: keep: the stored job is the submitted one; warnings say what
+    the pods will get, and the limits still refuse an over-limit job."""
+    ns = gpuwarden.tenant_namespace(
+        "e2e-gitops", {**KUBEFLOW_PROFILE_LABELS, "e2e.gpuwarden.io/tenant": "gitops"}
+    )
+    job = job_in(ns)
+    stored, warnings = create_job(pytorchjobs, copy.deepcopy(job))
+    assert stored["spec"] == job["spec"]
+    assert stored["metadata"].get("annotations") is None
+    assert "gpuwarden: Worker: pytorch: 1 whole GPU(s) on volcano" in warnings
+    assert any(w.startswith("gpuwarden: the PyTorchJob is kept as written") for w in warnings)
+    with pytest.raises(ApiException) as refused:
+        create_job(pytorchjobs, job_in(ns, worker_gpus="8"))
+    assert "denied the request: Worker: gpuwarden denied the pod: " in api_error(refused.value)[1]
+
+
+def test_the_api_server_sends_the_jobs_the_twin_says(
+    gpuwarden: WebhookStack, pytorchjobs: k8s_client.CustomObjectsApi
+) -> None:
+    """The job webhooks' CEL (the chart's, webhook.scope policies) against its Python twin: a
+    job of CPU pods never reaches gpuwarden, a GPU job and one carrying gpuwarden's keys do."""
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    cpu = job_in(ns)
+    for replica in cpu["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    marked = copy.deepcopy(cpu)
+    marked["metadata"]["name"] += "-marked"
+    marked["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"] = {
+        "labels": {"gpuwarden.io/profile": "heavy-training"}
+    }
+    for job, sent in ((cpu, False), (job_in(ns), True), (marked, True)):
+        assert job_needs_review(job) is sent
+        before = gpuwarden.server.requests_answered(endpoint="mutate")
+        create_job(pytorchjobs, job)
+        after = gpuwarden.server.requests_answered(endpoint="mutate")
+        assert after - before == (1 if sent else 0), job["metadata"]["name"]

@@ -1,0 +1,91 @@
+"""`gpuwarden apply`, `explain`, `test` and `review` take Kubeflow jobs (issue 30): each replica's
+decision, the mutated job, and the pods its controller will create."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuwarden.cli import main
+from gpuwarden.commands.review import review_for
+from gpuwarden.policy.pod import jobs
+
+from .support import EXAMPLES, NAMESPACES_FILE, POLICIES
+
+JOB = EXAMPLES / "jobs" / "pytorchjob.yaml"
+DRY_RUN = ("--policies", str(POLICIES), "--namespaces", str(NAMESPACES_FILE))
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def over_limit(tmp_path: Path) -> Path:
+    text = JOB.read_text().replace("namespace: tenant-a", "namespace: tenant-b")
+    head, worker = text.split("    Worker:")
+    path = tmp_path / "big.yaml"
+    path.write_text(
+        head + "    Worker:" + worker.replace('nvidia.com/gpu: "1"', 'nvidia.com/gpu: "8"')
+    )
+    return path
+
+
+def test_apply_prints_each_replicas_decision_and_the_mutated_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run(capsys, "apply", *DRY_RUN, str(JOB))
+    assert code == 0
+    assert (
+        "tenant-a/bert-finetune Master: allowed (profile heavy-training via rule/training-jobs)"
+        in err
+    )
+    assert (
+        "tenant-a/bert-finetune Worker: allowed (profile heavy-training via rule/training-jobs)"
+        in err
+    )
+    job = yaml.safe_load(out)
+    worker = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert worker["spec"]["schedulerName"] == "volcano"
+
+
+def test_apply_pods_are_the_controllers_pods_as_admitted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run(capsys, "apply", *DRY_RUN, "-o", "pods", str(JOB))
+    assert code == 0
+    pods = list(yaml.safe_load_all(out))
+    assert [p["metadata"]["name"] for p in pods] == [
+        "bert-finetune-master-0",
+        "bert-finetune-worker-0",
+    ]
+    worker = pods[1]
+    assert worker["metadata"]["labels"][jobs.REPLICA_TYPE_LABEL] == "worker"
+    assert worker["metadata"]["annotations"]["gpuwarden.io/profile"] == "heavy-training"
+    assert worker["spec"]["restartPolicy"] == "OnFailure"
+
+
+def test_apply_and_explain_deny_an_over_limit_job_with_the_replica(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = over_limit(tmp_path)
+    code, _, err = run(capsys, "apply", *DRY_RUN, "-o", "patch", str(path))
+    assert code == 1
+    assert "tenant-b/bert-finetune: denied: Worker: gpuwarden denied the pod: " in err
+    assert "tenant-b/bert-finetune Master: allowed" in err
+    code, out, _ = run(capsys, "explain", *DRY_RUN, str(path))
+    assert code == 1
+    assert "PyTorchJob tenant-b/bert-finetune" in out
+    assert "  replica Worker: pod bert-finetune-worker-0\n" in out
+    assert "  verdict:  denied: Worker: gpuwarden denied the pod: " in out
+
+
+def test_review_sends_a_job_as_its_own_kind() -> None:
+    sent = review_for(yaml.safe_load(JOB.read_text()), "job.yaml", None)
+    request = sent["request"]
+    assert request["kind"] == {"group": "kubeflow.org", "version": "v1", "kind": "PyTorchJob"}
+    assert request["resource"]["resource"] == "pytorchjobs"
+    assert request["namespace"] == "tenant-a"
