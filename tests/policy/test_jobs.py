@@ -91,6 +91,23 @@ def test_an_over_limit_job_is_denied_with_the_workers_message(
     assert verdicts == {"Master": True, "Worker": False}
 
 
+def test_under_audit_an_over_limit_job_is_admitted_saying_what_enforcing_would_deny(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A job follows the enforcementAction its pods get (issue 32's audit mode): under audit the
+    job is stored, and the replica's denial comes back as the would-deny annotations."""
+    job = with_worker_gpus(pytorchjob(), "8")
+    result = admit_job(create(job, "tenant-b"), default_policies, cluster, default_action="audit")
+    assert result.allowed
+    worker = next(r for r in result.replicas if r.replica.name == "Worker")
+    would_deny = worker.admission.validation.audit_annotations["would-deny-message"]
+    assert "tenant tenant-b allows at most 2 per pod" in would_deny
+    assert result.validation.audit_annotations["would-deny-message"] == would_deny
+    assert any("would deny the pod" in line for line in result.mutation.warnings)
+    enforced = admit_job(create(job, "tenant-b"), default_policies, cluster)
+    assert not enforced.allowed
+
+
 def test_the_controllers_pods_from_the_mutated_job_need_no_change(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:

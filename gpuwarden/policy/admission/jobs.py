@@ -205,4 +205,10 @@ def admit_job(
                 message = message[: MAX_MESSAGE - 3] + "..."
             validation = denied._replace(message=message, warnings=())
             break
+    else:
+        # Under audit: the first replica enforcing would deny, for the audit annotations and
+        # metric (its warnings are already among the job's, above).
+        audited = next((r for r in replicas if r.admission.validation.audited), None)
+        if audited is not None:
+            validation = audited.admission.validation._replace(warnings=())
     return JobAdmission(mutation, validation, mutated, tuple(replicas))
