@@ -238,10 +238,8 @@ class DryRun:
     pods: list[PodInput]
 
 
-def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
-    parser.add_argument(
-        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
-    )
+def add_policies_option(parser: argparse.ArgumentParser) -> None:
+    """--policies/-p PATH, required and repeatable (into ``args.policies``)."""
     parser.add_argument(
         "--policies",
         "-p",
@@ -250,6 +248,13 @@ def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FI
         metavar="PATH",
         help="policy file or directory; repeatable",
     )
+
+
+def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
+    )
+    add_policies_option(parser)
     parser.add_argument(
         "--namespaces",
         metavar="FILE",
