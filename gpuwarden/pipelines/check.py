@@ -70,6 +70,12 @@ def _check_step(
     placement = place(pod, namespace, cluster.labels_for(namespace), policies)
     result = admit(request, policies, cluster)
     problems = [f"{step.label}: {problem}" for problem in placement.problems]
+    if step.dropped_gpus is not None:
+        problems.append(
+            f"{step.label}: asks for {step.dropped_gpus} accelerator(s) with no accelerator "
+            "type, and KFP's driver sets no limit without one: the step would run with no GPU; "
+            "add .set_accelerator_type('nvidia.com/gpu')"
+        )
     if not result.allowed:
         problems.append(
             f"{step.label}: denied: {result.validation.message or result.mutation.message} "

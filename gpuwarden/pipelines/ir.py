@@ -59,6 +59,8 @@ class Step:
     limits: Mapping[str, str]
     requests: Mapping[str, str]
     unresolved: tuple[str, ...] = field(default=())  # resources set only at run time
+    # An accelerator count without a type, which KFP's driver drops: the step gets no GPU.
+    dropped_gpus: str | None = None
 
     @property
     def name(self) -> str:
@@ -158,6 +160,17 @@ def _resources(
     return limits, requests, tuple(unresolved)
 
 
+def _dropped_accelerator(resources: Mapping[str, Any]) -> str | None:
+    """The accelerator count KFP's driver drops: it sets a limit only with a type too."""
+    accelerator = resources.get("accelerator")
+    if not isinstance(accelerator, Mapping):
+        return None
+    count = accelerator.get("resourceCount") or accelerator.get("count")
+    if count and not (accelerator.get("resourceType") or accelerator.get("type")):
+        return str(count)
+    return None
+
+
 def _tasks(
     ir: PipelineIR, dag_owner: Mapping[str, Any], prefix: tuple[str, ...], where: str
 ) -> Iterator[Step]:
@@ -217,6 +230,7 @@ def _tasks(
             limits=limits,
             requests=requests,
             unresolved=unresolved,
+            dropped_gpus=_dropped_accelerator(resources),
         )
 
 

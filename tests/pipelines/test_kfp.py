@@ -150,3 +150,43 @@ def test_check_pipeline_cli_on_the_compiled_yaml(
         "mean light-training? Fix the name in use_profile(task, NAME), or the pod label "
         "gpuwarden.io/profile.",
     ]
+
+
+@dsl.pipeline(name="inner")
+def inner(gpus: int = 1) -> None:
+    step = fit(epochs=2)
+    step.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(gpus)
+    use_profile(step, "light-training")
+
+
+@dsl.pipeline(name="nested")
+def nested(gpus: int = 1) -> None:
+    inner(gpus=gpus)
+
+
+def test_a_nested_step_is_named_by_its_path_and_a_run_time_count_is_a_warning() -> None:
+    """A pipeline used as a step: its steps are found under the outer task's name; a GPU count
+    from a pipeline parameter is only known at run time, so the check says it left it out."""
+    check = check_pipeline(nested, policies=POLICIES, namespace="tenant-a")
+    (step,) = check.steps
+    assert step.step.path == ("inner", "fit")
+    assert step.profile == "light-training"
+    (warning,) = step.warnings
+    assert warning.startswith("step inner/fit: accelerator nvidia.com/gpu: {{$.inputs.parameters")
+    assert warning.endswith("is set at run time; checked without it")
+
+
+@dsl.pipeline(name="no-type")
+def no_type() -> None:
+    fit(epochs=1).set_accelerator_limit(2)
+
+
+def test_a_gpu_count_without_a_type_is_refused() -> None:
+    """KFP's driver sets the accelerator limit only with its type: the step would get no GPU."""
+    with pytest.raises(ProfileError) as refused:
+        check_pipeline(no_type, policies=POLICIES, namespace="tenant-a")
+    assert refused.value.problems == (
+        "step fit: asks for 2 accelerator(s) with no accelerator type, and KFP's driver sets no "
+        "limit without one: the step would run with no GPU; add "
+        ".set_accelerator_type('nvidia.com/gpu')",
+    )
