@@ -80,3 +80,20 @@ def test_what_is_wrong_with_the_file_is_named(
 def test_the_namespace_must_be_a_namespace_name(capsys: pytest.CaptureFixture[str]) -> None:
     assert _check(COMPILED, "policies/") == 2
     assert "is not a namespace name" in capsys.readouterr().err
+
+
+def test_namespace_labels_from_namespaces_file_pick_the_tenant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """kubeflow-user-carol is in the kubeflow-profiles tenant by its labels alone: with them the
+    step is checked against that tenant's allowedProfiles; without them no tenant applies."""
+    policy = tmp_path / "policy.yaml"
+    text = (POLICIES / "default.yaml").read_text(encoding="utf-8")
+    policy.write_text(text.replace(" light-training, inference, inference-whole,", " inference,"))
+    args = ["check-pipeline", str(COMPILED), "-p", str(policy), "-n", "kubeflow-user-carol"]
+    assert main([*args, "--namespaces", str(ROOT / "examples" / "namespaces.yaml")]) == 1
+    assert (
+        "  REFUSED  step train: profile light-training is not allowed for tenant "
+        "kubeflow-profiles; set gpuwarden.io/profile to one of:" in capsys.readouterr().out
+    )
+    assert main(args) == 0
