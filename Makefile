@@ -8,13 +8,28 @@ export GPUWARDEN_CACHE_DIR := $(CACHE_DIR)
 # mkdocs-material prints a notice about its successor on every build; the docs build quietly.
 export NO_MKDOCS_2_WARNING := 1
 
-.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs site simulate clean
+.PHONY: run test lint typecheck unit e2e demo bench fuzz tools docs site simulate clean kfp-test
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# gpuwarden[kfp] as pipeline authors install it, in a venv of its own: kfp 2.17 pins
+# kubernetes<31, and the services' venv above needs a newer client (issue 34).
+KFP_VENV := .venv-kfp
+KFP_STAMP := $(KFP_VENV)/.installed
+
+$(KFP_STAMP): pyproject.toml
+	test -x $(KFP_VENV)/bin/python || $(PYTHON) -m venv $(KFP_VENV)
+	$(KFP_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KFP_VENV)/bin/python -m pip install --quiet -e '.[kfp]' pytest pytest-asyncio
+	touch $(KFP_STAMP)
+
+## The gpuwarden.kfp tests (tests/pipelines), on pipelines compiled by the real kfp SDK.
+kfp-test: $(KFP_STAMP)
+	$(KFP_VENV)/bin/pytest tests/pipelines
 
 ## Build (or reuse from the cache) kube-apiserver, etcd, kubectl, helm, kube-scheduler and kwok for the e2e, chart and lab suites.
 tools:
@@ -35,7 +50,7 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest -m "not e2e"
 
-test: lint typecheck site tools
+test: lint typecheck site tools kfp-test
 	$(BIN)/pytest
 
 demo: $(STAMP)
@@ -75,4 +90,4 @@ site: $(STAMP)
 	$(BIN)/mkdocs build --strict --site-dir .cache/site
 
 clean:
-	rm -rf $(VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(KFP_VENV) .cache .mypy_cache .ruff_cache .pytest_cache .hypothesis

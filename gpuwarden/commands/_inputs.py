@@ -268,13 +268,8 @@ class DryRun:
     pods: list[PodInput]
 
 
-def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
-    parser.add_argument(
-        "files",
-        nargs="+",
-        metavar=metavar,
-        help="Pod, Kubeflow job (PyTorchJob...) or AdmissionReview (- for stdin)",
-    )
+def add_policies_option(parser: argparse.ArgumentParser) -> None:
+    """--policies/-p PATH, required and repeatable (into ``args.policies``)."""
     parser.add_argument(
         "--policies",
         "-p",
@@ -283,6 +278,23 @@ def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FI
         metavar="PATH",
         help="policy file or directory; repeatable",
     )
+
+
+def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
+    parser.add_argument(
+        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
+    )
+    add_policies_option(parser)
+
+
+def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
+    parser.add_argument(
+        "files",
+        nargs="+",
+        metavar=metavar,
+        help="Pod, Kubeflow job (PyTorchJob...) or AdmissionReview (- for stdin)",
+    )
+    add_policies_option(parser)
     parser.add_argument(
         "--namespaces",
         metavar="FILE",
