@@ -282,13 +282,6 @@ def add_policies_option(parser: argparse.ArgumentParser) -> None:
 
 def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
     parser.add_argument(
-        "files", nargs="+", metavar=metavar, help="Pod or AdmissionReview (- for stdin)"
-    )
-    add_policies_option(parser)
-
-
-def add_dry_run_arguments(parser: argparse.ArgumentParser, *, metavar: str = "FILE") -> None:
-    parser.add_argument(
         "files",
         nargs="+",
         metavar=metavar,
