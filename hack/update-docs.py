@@ -8,6 +8,7 @@ running the command now (tests/docs holds them equal, so they cannot drift)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import logging
@@ -34,6 +35,7 @@ CRD = CHART / "crds" / "gpupolicies.gpuwarden.io.yaml"
 VALUES_SCHEMA = CHART / "values.schema.json"
 POLICY_SCHEMA = CHART / "files" / "gpupolicy.schema.json"
 SCOPE_TEMPLATE = CHART / "templates" / "_scope.tpl"
+DASHBOARD = CHART / "files" / "dashboard.json"
 START, END = "<!-- fields:start -->", "<!-- fields:end -->"
 
 
@@ -44,13 +46,27 @@ def with_field_table(text: str) -> str:
     return f"{head}{START}\n{policy_field_table().rstrip()}\n{END}{tail}"
 
 
+def _dashboard_json() -> str:
+    """hack/dashboard.py's dashboard (loaded by path: this script is not imported as a package)."""
+    spec = importlib.util.spec_from_file_location(
+        "dashboard", Path(__file__).parent / "dashboard.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text: str = module.dashboard_json()
+    return text
+
+
 def generated_files() -> dict[Path, str]:
-    """Every file generated from the model but docs/reference.md, with its content."""
+    """Every file generated from the model but docs/reference.md, with its content (and the
+    chart's Grafana dashboard, generated with Grafana's foundation SDK)."""
     return {
         CRD: crd_yaml(),
         VALUES_SCHEMA: schema_json(values_schema()),
         POLICY_SCHEMA: schema_json(policy_document_schema()),
         SCOPE_TEMPLATE: chart_template(),
+        DASHBOARD: _dashboard_json(),
     }
 
 

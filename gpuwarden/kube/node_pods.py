@@ -17,7 +17,7 @@ import functools
 import json
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
@@ -31,6 +31,16 @@ COMPONENT = "gpuwarden-node-agent"
 REPORTING_CONTROLLER = "gpuwarden.io/node-agent"
 # core/v1 Event messages are cut here (events.k8s.io allows 1 KiB notes); the start matters most.
 _MESSAGE_LIMIT = 1024
+# Kubeflow's Notebook (kubeflow/kubeflow components/notebook-controller, api/v1) and the
+# annotation its controller scales it to zero on, valued with an RFC 3339 time: kubeflow/kubeflow
+# (v1.10-branch) components/notebook-controller/controllers/culling_controller.go
+# (STOP_ANNOTATION = "kubeflow-resource-stopped", set to t.Format(time.RFC3339) by its own
+# culler) and notebook_controller.go (replicas 0 while the annotation is present; the volumes
+# stay, and the dashboard's start removes it).
+NOTEBOOK_GROUP = "kubeflow.org"
+NOTEBOOK_VERSION = "v1"
+NOTEBOOK_PLURAL = "notebooks"
+NOTEBOOK_STOP_ANNOTATION = "kubeflow-resource-stopped"
 
 
 def _keep(obj: Obj) -> Obj:
@@ -51,6 +61,19 @@ def _status_message(exc: ApiException) -> str:
     return f"{text} ({'; '.join(notes)})" if notes else text
 
 
+class ObjectRef(Protocol):
+    """A reference to an object of the pod's namespace (the node agent's OwnerRef)."""
+
+    @property
+    def api_version(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+
+
 class NodeCluster:
     """Pods of one node (watched), plus Events and evictions, through the kubernetes client."""
 
@@ -65,6 +88,7 @@ class NodeCluster:
         self.node_name = node_name
         self.component = component
         self.core = k8s_client.CoreV1Api(api)
+        self.custom = k8s_client.CustomObjectsApi(api)
         self._sink: MappingSink[Obj] = MappingSink()
         self.informer: Informer[Obj] = Informer(
             f"pods-on-{node_name}",
@@ -124,6 +148,42 @@ class NodeCluster:
             api_version="v1", kind="Pod", namespace=namespace, name=name, uid=uid
         )
         self._event(namespace, involved, reason, message, type_)
+
+    def owner_event(
+        self, namespace: str, owner: ObjectRef, reason: str, message: str, type_: str
+    ) -> None:
+        """An Event on the pod's controller (``owner``: api_version, kind, name, uid)."""
+        involved = k8s_client.V1ObjectReference(
+            api_version=owner.api_version,
+            kind=owner.kind,
+            namespace=namespace,
+            name=owner.name,
+            uid=owner.uid,
+        )
+        self._event(namespace, involved, reason, message, type_)
+
+    def stop_notebook(self, namespace: str, name: str, stopped_at: str) -> str:
+        """Set the Notebook's stop annotation (a JSON merge patch: needs only ``patch`` on
+        notebooks.kubeflow.org); returns what the API server decided, in words."""
+        body = {"metadata": {"annotations": {NOTEBOOK_STOP_ANNOTATION: stopped_at}}}
+        try:
+            response: Any = self.custom.patch_namespaced_custom_object(
+                NOTEBOOK_GROUP,
+                NOTEBOOK_VERSION,
+                namespace,
+                NOTEBOOK_PLURAL,
+                name,
+                body,
+                _preload_content=False,
+                _request_timeout=_WRITE_TIMEOUT,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return "the Notebook is gone (or its CRD is not installed)"
+            raise
+        _finish(response)
+        return f"stopped at {stopped_at} (HTTP {response.status})"
 
     def node_event(self, reason: str, message: str, type_: str) -> None:
         # kubelet's convention: node events live in "default" and use the node name as UID.

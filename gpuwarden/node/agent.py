@@ -17,15 +17,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from gpuwarden.node import limits, mps
+from gpuwarden.node.idle import IdleAct, IdleEpisode, IdlePod, track_idle
 from gpuwarden.node.limits import MpsServer, ObservedProcess
 from gpuwarden.node.nvml import GpuDevice, Nvml, NvmlError
-from gpuwarden.node.pods import PodInfo, PodRef, pod_info
+from gpuwarden.node.pods import OwnerRef, PodInfo, PodRef, pod_info
 from gpuwarden.node.procfs import ProcFs, find_pod_cgroups
 from gpuwarden.node.usage import (
     ContainerUse,
@@ -49,6 +52,8 @@ REASON_UNKNOWN_PROCESS = "UnknownGPUProcess"
 REASON_UNGRANTED = "GPUWithoutGrant"
 REASON_BAD_ANNOTATION = "InvalidGPUAnnotation"
 REASON_MPS_REFUSED = "MPSRefusedOnMIG"
+REASON_IDLE = "GPUIdle"
+REASON_IDLE_STOPPED = "GPUIdleNotebookStopped"
 
 
 def _gib(amount: int) -> str:
@@ -92,7 +97,28 @@ class Eviction:
     message: str
 
 
-KubeAction = PodEvent | NodeEvent | Eviction
+@dataclass(frozen=True)
+class OwnerEvent:
+    """An Event on a pod's controller (a Job, a StatefulSet...), in the pod's namespace."""
+
+    namespace: str
+    owner: OwnerRef
+    reason: str
+    message: str
+    type: str = "Warning"
+
+
+@dataclass(frozen=True)
+class NotebookStop:
+    """Stop a Kubeflow Notebook: its controller scales it to zero and keeps its volumes
+    (``NodeCluster.stop_notebook`` cites the annotation)."""
+
+    pod: PodRef
+    notebook: str
+    stopped_at: str  # RFC 3339
+
+
+KubeAction = PodEvent | NodeEvent | Eviction | OwnerEvent | NotebookStop
 
 
 @dataclass(frozen=True)
@@ -129,6 +155,14 @@ class Cluster(Protocol):
         """The outcome in words; one starting with "refused" is asked again next tick."""
         ...
 
+    def owner_event(
+        self, namespace: str, owner: OwnerRef, reason: str, message: str, type_: str
+    ) -> None: ...
+
+    def stop_notebook(self, namespace: str, name: str, stopped_at: str) -> str:
+        """The outcome in words."""
+        ...
+
 
 @dataclass(frozen=True)
 class GpuStatus:
@@ -162,6 +196,8 @@ class TickReport:
     # Each container's share of each GPU's work, and each allocated container's totals.
     gpu_use: tuple[GpuUse, ...] = ()
     containers: tuple[ContainerUse, ...] = ()
+    # Pods whose GPUs are idle by their profile's idle rule, and for how long.
+    idle: tuple[IdlePod, ...] = ()
     violations: tuple[limits.Violation, ...] = ()
     ungranted: tuple[limits.UngrantedUse, ...] = ()
     oversubscribed: tuple[limits.Oversubscription, ...] = ()
@@ -207,6 +243,8 @@ class _State:
     hard_limited: set[str] = field(default_factory=set)
     # GPU index -> the newest per-process utilization sample read (NVML's CPU timestamp, us).
     samples_seen: dict[int, int] = field(default_factory=dict)
+    # Pod UID -> its idle episode (gpuwarden.node.idle).
+    idle: Mapping[str, IdleEpisode] = field(default_factory=dict)
 
 
 class NodeAgent:
@@ -218,8 +256,10 @@ class NodeAgent:
         procfs: ProcFs,
         *,
         log: logging.Logger | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
+        self.clock = clock
         self.nvml = nvml
         self.mps = mps_control
         self.procfs = procfs
@@ -234,6 +274,8 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._violation_counts: dict[tuple[str, str, str], int] = {}
         self._ungranted_counts: dict[tuple[str, str, str], int] = {}
+        # (namespace, tenant, profile, action) -> idle rules acted
+        self._idle_counts: dict[tuple[str, str, str, str], int] = {}
         self._daemon_restarts = 0
 
     # -- start ----------------------------------------------------------------------------
@@ -298,6 +340,11 @@ class NodeAgent:
         was not granted."""
         with self._lock:
             return dict(self._ungranted_counts)
+
+    def idle_counts(self) -> dict[tuple[str, str, str, str], int]:
+        """(namespace, tenant, profile, action) -> times an idle rule acted."""
+        with self._lock:
+            return dict(self._idle_counts)
 
     @property
     def daemon_restarts(self) -> int:
@@ -609,6 +656,45 @@ class NodeAgent:
         state.unknown &= current
         return actions
 
+    def _idle(self, acts: Sequence[IdleAct]) -> list[KubeAction]:
+        """Each idle rule that acts: the Notebook stopped, or the pod and its owner told."""
+        actions: list[KubeAction] = []
+        for act in acts:
+            pod, rule = act.idle.pod, act.idle.pod.idle
+            assert rule is not None
+            with self._lock:
+                key = (pod.ref.namespace, pod.tenant or "", pod.profile or "", act.action)
+                self._idle_counts[key] = self._idle_counts.get(key, 0) + 1
+            held = (
+                f"pod {pod.ref} has kept {act.idle.busy:.2f} of its {act.idle.allocated:.2f} "
+                f"GPUs busy, below {rule.below:f}%, for {_duration(act.idle.idle_for)} on node "
+                f"{self.config.node_name} (profile {pod.profile or '?'}: idle after "
+                f"{_duration(rule.after)})"
+            )
+            if act.action == "stop":
+                assert pod.notebook is not None
+                stopped_at = datetime.fromtimestamp(self.clock(), UTC).strftime(
+                    "%Y-%m-%dT%H:%M:%SZ"
+                )
+                message = (
+                    f"{held}: the agent stops Notebook {pod.notebook} (its volumes are kept; "
+                    "start it again from the Kubeflow dashboard)"
+                )
+                self.log.warning("%s", message)
+                actions.append(PodEvent(pod.ref, REASON_IDLE_STOPPED, message))
+                actions.append(NotebookStop(pod.ref, pod.notebook, stopped_at))
+                continue
+            why = (
+                "; idle.action stop stops only Kubeflow Notebooks, so the agent notifies"
+                if act.asked == "stop"
+                else ""
+            )
+            message = f"{held}: give the GPUs back if the work is done{why}"
+            actions.append(PodEvent(pod.ref, REASON_IDLE, message))
+            if pod.owner is not None:
+                actions.append(OwnerEvent(pod.ref.namespace, pod.owner, REASON_IDLE, message))
+        return actions
+
     def _problems(self, pods: Sequence[PodInfo]) -> list[KubeAction]:
         state = self._state
         actions: list[KubeAction] = []
@@ -672,7 +758,8 @@ class NodeAgent:
             live = {server.pid for server in listed or []}
             self._state.terminated = {t for t in self._state.terminated if t[0] in live}
         servers = listed or []
-        procs, used = self._observe(known, servers, errors)
+        measuring: list[str] = []  # NVML's failures this tick: idleness is not judged on them
+        procs, used = self._observe(known, servers, measuring)
 
         commands: list[str] = []
         plan: limits.MpsPlan | None = None
@@ -689,13 +776,17 @@ class NodeAgent:
         placement = limits.place_pods([d.index for d in self.managed], pods, procs)
         over = limits.oversubscriptions(self.managed, pods, placement)
         unknown = limits.unknown_processes(procs)
-        gpu_use, containers = self._use(active, procs, errors)
+        gpu_use, containers = self._use(active, procs, measuring)
+        errors += measuring
+        idle = track_idle(self._state.idle, known, containers, self.clock(), complete=not measuring)
+        self._state.idle = idle.episodes
         actions: list[KubeAction] = []
         actions += self._problems(infos)
         offences = self._violations(found) + self._ungranted(ungranted)
         actions += self._enforce(offences, errors, commands)
         actions += self._oversubscription(over)
         actions += self._unknown(unknown)
+        actions += self._idle(idle.acts)
 
         gpus = tuple(
             GpuStatus(
@@ -720,6 +811,7 @@ class NodeAgent:
             usage=tuple(_usage(procs, known)),
             gpu_use=tuple(gpu_use),
             containers=tuple(containers),
+            idle=idle.idle,
             violations=tuple(found),
             ungranted=tuple(ungranted),
             oversubscribed=tuple(over),
@@ -732,6 +824,18 @@ class NodeAgent:
             self.log.warning("%s", error)
         self.last_report = report
         return report
+
+
+def _duration(seconds: float) -> str:
+    whole = int(seconds)
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return (
+        "".join(
+            f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (secs, "s")) if value
+        )
+        or "0s"
+    )
 
 
 def _usage(procs: Sequence[ObservedProcess], pods: Mapping[str, PodInfo]) -> list[PodUsage]:
@@ -773,6 +877,17 @@ def run_once(agent: NodeAgent, cluster: Cluster, log: logging.Logger | None = No
                 )
             elif isinstance(action, NodeEvent):
                 cluster.node_event(action.reason, action.message, action.type)
+            elif isinstance(action, OwnerEvent):
+                cluster.owner_event(
+                    action.namespace, action.owner, action.reason, action.message, action.type
+                )
+            elif isinstance(action, NotebookStop):
+                outcome = cluster.stop_notebook(
+                    action.pod.namespace, action.notebook, action.stopped_at
+                )
+                log.warning(
+                    "stopping Notebook %s/%s: %s", action.pod.namespace, action.notebook, outcome
+                )
             else:
                 outcome = cluster.evict(action.pod.namespace, action.pod.name, action.pod.uid)
                 log.warning("eviction of pod %s: %s", action.pod, outcome)

@@ -82,6 +82,11 @@ _GAUGES: dict[str, tuple[str, tuple[str, ...]]] = {
         "GPU memory the allocated container uses, over all its GPUs.",
         _OWNER,
     ),
+    "pod_gpu_idle_seconds": (
+        "How long the pod's GPUs have been idle by its profile's idle rule (busy below "
+        "idle.below of those allocated); no series while they are not.",
+        ("node", "namespace", "pod", "tenant", "profile"),
+    ),
     "mps_daemon_healthy": (
         "1 when the MPS control daemon answered the last health check.",
         ("node",),
@@ -169,6 +174,17 @@ class AgentCollector(Collector):
                 g["container_gpus_allocated"].add_metric([*owner, a.basis], a.allocated)
                 g["container_gpus_busy"].add_metric([*owner, _flag(held.estimated)], held.busy)
                 g["container_gpu_memory_used_bytes"].add_metric(owner, held.memory_used)
+            for idle in report.idle:
+                g["pod_gpu_idle_seconds"].add_metric(
+                    [
+                        node,
+                        idle.pod.ref.namespace,
+                        idle.pod.ref.name,
+                        idle.pod.tenant or "",
+                        idle.pod.profile or "",
+                    ],
+                    idle.idle_for,
+                )
             for use in report.ungranted:
                 labels = [node, use.pod.namespace, use.pod.name, use.container, str(use.gpu)]
                 g["pod_gpu_ungranted"].add_metric(labels, 1)
@@ -197,6 +213,15 @@ class AgentCollector(Collector):
             for (namespace, pod, action), count in sorted(counts.items()):
                 counter.add_metric([node, namespace, pod, action], count)
             yield counter
+        idle_acts = CounterMetricFamily(
+            f"{PREFIX}_idle_actions",
+            "Times a profile's idle rule acted on a pod whose GPUs sat idle: action stop (a "
+            "Kubeflow Notebook stopped) or notify (an Event on the pod and its owner).",
+            labels=["node", "namespace", "tenant", "profile", "action"],
+        )
+        for (namespace, tenant, profile, action), count in sorted(agent.idle_counts().items()):
+            idle_acts.add_metric([node, namespace, tenant, profile, action], count)
+        yield idle_acts
         restarts = CounterMetricFamily(
             f"{PREFIX}_mps_daemon_restarts",
             "Times the agent found the MPS control daemon restarted and set its limits again.",

@@ -8,8 +8,9 @@ from decimal import Decimal
 from typing import Any
 
 from gpuwarden.policy.pod.quantity import QuantityError
-from gpuwarden.policy.pod.record import PodRecord
+from gpuwarden.policy.pod.record import IdleRecord, PodRecord
 from gpuwarden.policy.pod.resources import annotations_of, containers
+from gpuwarden.policy.pod.workloads import NOTEBOOK_NAME
 
 # Kubernetes' extended resources backed by a DRA DeviceClass (the DRAExtendedResource feature):
 # devices the agent cannot size, as for a ResourceClaim.
@@ -26,6 +27,16 @@ class PodRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    """The pod's controller (its ownerReference with ``controller: true``)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,12 @@ class PodInfo:
     gpu_shared: bool | None = None
     # Container -> the GPUs it asks for by a GPU count resource (nvidia.com/gpu and friends).
     container_gpus: Mapping[str, int] = field(default_factory=dict)
+    # The profile's idle rule (gpuwarden.io/idle), the pod's controller, and the Kubeflow
+    # Notebook it runs (the notebook controller's ``notebook-name`` label on a pod owned by the
+    # Notebook's StatefulSet); None where the pod has none.
+    idle: IdleRecord | None = None
+    owner: OwnerRef | None = None
+    notebook: str | None = None
 
     @property
     def governed(self) -> bool:
@@ -155,6 +172,23 @@ def _device_claims(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
     return False
 
 
+def _controller(meta: Mapping[str, Any]) -> OwnerRef | None:
+    refs = meta.get("ownerReferences")
+    for ref in refs if isinstance(refs, list) else []:
+        ref = _mapping(ref)
+        fields = [ref.get(key) for key in ("apiVersion", "kind", "name", "uid")]
+        if ref.get("controller") is True and all(isinstance(f, str) and f for f in fields):
+            return OwnerRef(*(str(f) for f in fields))
+    return None
+
+
+def _notebook(meta: Mapping[str, Any], owner: OwnerRef | None) -> str | None:
+    name = _mapping(meta.get("labels")).get(NOTEBOOK_NAME)
+    if not isinstance(name, str) or not name or owner is None or owner.kind != "StatefulSet":
+        return None
+    return name
+
+
 def _container_gpus(pod: Mapping[str, Any]) -> dict[str, int]:
     out: dict[str, int] = {}
     # Regular containers: an init container's devices go back before the pod's containers run.
@@ -201,4 +235,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo | None:
         backend=record.backend,
         gpu_shared=record.gpu_shared,
         container_gpus=_container_gpus(pod),
+        idle=record.idle,
+        owner=(owner := _controller(meta)),
+        notebook=_notebook(meta, owner),
     )

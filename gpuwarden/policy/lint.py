@@ -119,7 +119,31 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
     warnings += _untenanted_namespaces(policies)
     notes += _katib_injection_warnings(policies)
     warnings += _kueue_queue_warnings(policies)
+    warnings += _idle_stop_warnings(policies)
     return warnings, notes
+
+
+def _idle_stop_warnings(policies: PolicySet) -> list[str]:
+    """``idle.action: stop`` stops Kubeflow Notebooks only: a profile that other pods also get
+    (a rule of another kind, or the default profile) notifies for those instead."""
+    warnings: list[str] = []
+    for name, profile in policies.profiles.items():
+        if profile.idle is None or profile.idle.action != "stop":
+            continue
+        others = [
+            f"rule {rule.name} (kind {rule.match.kind})"
+            for rule, _ in policies.rules
+            if rule.profile == name and rule.match.kind != "notebook"
+        ]
+        if policies.default_profile == name:
+            others.append("the default profile")
+        if others:
+            warnings.append(
+                f"profile {name}: idle.action stop stops Kubeflow Notebooks only, but "
+                f"{', '.join(others)} gives it to other pods; the node agent notifies for "
+                "those instead (an Event and a metric), and never stops training or serving"
+            )
+    return warnings
 
 
 def _selector_rules_after_other_kinds(policies: PolicySet) -> list[str]:

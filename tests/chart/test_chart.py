@@ -580,6 +580,8 @@ def test_rbac_verbs(default: Rendering) -> None:
         (("pods",), ("list", "watch")),
         (("pods/eviction",), ("create",)),
         (("events",), ("create",)),
+        # Idle Kubeflow Notebooks stopped by their annotation (a merge patch, never a read).
+        (("notebooks",), ("patch",)),
     ]
     # Nothing but the self-managed certificate roles may write, and those only by name.
     assert default.all("Role") == []

@@ -86,12 +86,9 @@ def names(cluster: NodeCluster) -> set[str]:
     return {p["metadata"]["name"] for p in cluster.pods()}
 
 
-def running(
-    core: k8s_client.CoreV1Api, namespace: str, name: str, cid: str, cluster: NodeCluster
-) -> None:
-    """Report the pod's container ``main`` running as ``cid``, as a kubelet would, and wait
-    until the node's pod watch has it."""
-    status = {
+def running_status(cid: str) -> dict[str, Any]:
+    """A pod's status with its container ``main`` running as ``cid``, as a kubelet writes it."""
+    return {
         "phase": "Running",
         "containerStatuses": [
             {
@@ -105,7 +102,14 @@ def running(
             }
         ],
     }
-    core.patch_namespaced_pod_status(name, namespace, {"status": status})
+
+
+def running(
+    core: k8s_client.CoreV1Api, namespace: str, name: str, cid: str, cluster: NodeCluster
+) -> None:
+    """Report the pod's container ``main`` running as ``cid``, as a kubelet would, and wait
+    until the node's pod watch has it."""
+    core.patch_namespaced_pod_status(name, namespace, {"status": running_status(cid)})
     assert cluster.start(timeout=15)
     eventually(
         lambda: any(p["status"].get("containerStatuses") for p in cluster.pods()),

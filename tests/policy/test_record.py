@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy import admitted_gpu_memory
 from gpuwarden.policy.pod import keys
-from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, PodRecord
+from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, IdleRecord, PodRecord
 
 GI = 2**30
 
@@ -27,6 +27,7 @@ FULL = PodRecord(
     gpu_memory_reserved=5462 * 2**20,
     overcommit_ratio=Decimal("1.5"),
     thread_percentage=50,
+    idle=IdleRecord(action="stop", after=7200, below=Decimal("2.5")),
     rule="rule/notebooks",
     containers=("main", "sidecar"),
 )
@@ -78,6 +79,14 @@ RECORDS = st.builds(
     gpu_memory_reserved=_maybe(st.integers(0, 2**63 - 1)),
     overcommit_ratio=_maybe(st.decimals(1, 10**6, places=3)),
     thread_percentage=_maybe(st.integers(1, 100)),
+    idle=_maybe(
+        st.builds(
+            IdleRecord,
+            action=st.sampled_from(["stop", "notify"]),
+            after=st.integers(1, 10**9 - 1),
+            below=st.decimals(Decimal("0.001"), 100, places=3),
+        )
+    ),
     rule=_maybe(st.text()),
     containers=_maybe(
         st.lists(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", fullmatch=True)).map(tuple)
@@ -106,6 +115,7 @@ def test_the_codec_writes_every_decision_annotation_in_the_patch_order() -> None
     assert written[keys.ANNOTATION_OVERCOMMIT_RATIO] == "1.5"
     assert written[keys.ANNOTATION_CONTAINERS] == "main,sidecar"
     assert written[keys.ANNOTATION_GPU_SHARED] == "true"
+    assert written[keys.ANNOTATION_IDLE] == "action=stop,after=7200s,below=2.5%"
 
 
 def test_a_recorded_empty_container_list_is_written_and_an_unrecorded_one_is_not() -> None:

@@ -31,6 +31,8 @@ ANNOTATION_THREAD_PERCENTAGE: Final = "gpuwarden.io/mps-thread-percentage"
 # Comma-separated names of the containers the decision applies to.
 ANNOTATION_CONTAINERS: Final = "gpuwarden.io/containers"
 ANNOTATION_PREEMPTIBLE: Final = "gpuwarden.io/preemptible"
+# The profile's idle rule for the node agent: "action=stop,after=7200s,below=5%".
+ANNOTATION_IDLE: Final = "gpuwarden.io/idle"
 #: Every annotation a decision writes: the node agent and the quota charge trust them.
 DECISION_ANNOTATIONS: Final = (
     ANNOTATION_PROFILE,
@@ -46,6 +48,7 @@ DECISION_ANNOTATIONS: Final = (
     ANNOTATION_THREAD_PERCENTAGE,
     ANNOTATION_CONTAINERS,
     ANNOTATION_PREEMPTIBLE,
+    ANNOTATION_IDLE,
 )
 
 # CUDA MPS client environment (see NVIDIA's MPS documentation); a client can lower, never raise,

@@ -51,6 +51,35 @@ DECISION_FIELDS: Final = ("profile", "rule", "containers")
 
 
 @dataclass(frozen=True)
+class IdleRecord:
+    """A profile's idle rule as the node agent reads it: act after ``after`` seconds below
+    ``below`` percent of the allocated GPUs busy."""
+
+    action: str  # "stop" or "notify"
+    after: int
+    below: Decimal
+
+
+_IDLE: Final = re.compile(
+    r"action=(stop|notify),after=([0-9]{1,9})s,below=([0-9]{1,3}(?:\.[0-9]{1,3})?)%"
+)
+
+
+def _idle(raw: str) -> IdleRecord:
+    match = _IDLE.fullmatch(raw)
+    if match is None or int(match[2]) == 0 or not 0 < Decimal(match[3]) <= 100:
+        raise ValueError(
+            "must read action=stop|notify,after=<seconds>s,below=<percent>% "
+            "(after above 0, below above 0 and at most 100)"
+        )
+    return IdleRecord(action=match[1], after=int(match[2]), below=Decimal(match[3]))
+
+
+def _write_idle(value: IdleRecord) -> str:
+    return f"action={value.action},after={value.after}s,below={value.below:f}%"
+
+
+@dataclass(frozen=True)
 class PodRecord:
     """What gpuwarden recorded on a pod (its ``gpuwarden.io/*`` decision annotations); None
     where nothing, or nothing readable, is recorded."""
@@ -72,6 +101,8 @@ class PodRecord:
     rule: str | None = None
     # The containers the decision applies to; () is a recorded empty list.
     containers: tuple[str, ...] | None = None
+    # The profile's idle rule (profiles without one record none).
+    idle: IdleRecord | None = None
     # The annotations that could not be read, as messages naming each one and its value.
     problems: tuple[str, ...] = ()
 
@@ -210,6 +241,7 @@ _CODECS: Final = (
     _Codec(keys.ANNOTATION_GPU_MEMORY_RESERVED, "gpu_memory_reserved", _bytes, format_bytes),
     _Codec(keys.ANNOTATION_OVERCOMMIT_RATIO, "overcommit_ratio", _ratio, _write_ratio),
     _Codec(keys.ANNOTATION_THREAD_PERCENTAGE, "thread_percentage", _percentage, str),
+    _Codec(keys.ANNOTATION_IDLE, "idle", _idle, _write_idle),
     _Codec(keys.ANNOTATION_RULE, "rule", _name, str),
     _Codec(keys.ANNOTATION_CONTAINERS, "containers", _names, _write_names),
 )

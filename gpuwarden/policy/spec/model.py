@@ -308,6 +308,72 @@ class _ProfileSettings(StrictModel):
     )
 
 
+_DURATION_PART = re.compile(r"([0-9]{1,6})(h|m|s)")
+_DURATION = re.compile(r"(?:[0-9]{1,6}[hms])+")
+_PERCENT = re.compile(r"([0-9]{1,3}(?:\.[0-9]{1,3})?)%")
+
+
+def parse_duration(value: Any) -> int:
+    """Seconds of a duration such as ``2h``, ``90m`` or ``1h30m`` (hours, minutes, seconds)."""
+    text = value.strip() if isinstance(value, str) else None
+    if not text or _DURATION.fullmatch(text) is None:
+        raise ValueError(f"{value!r} must be a duration such as 2h, 90m or 1h30m (h, m, s)")
+    factor = {"h": 3600, "m": 60, "s": 1}
+    seconds = sum(int(n) * factor[unit] for n, unit in _DURATION_PART.findall(text))
+    if seconds <= 0:
+        raise ValueError(f"{value!r} must be longer than zero")
+    return seconds
+
+
+def _check_duration(value: Any) -> str:
+    parse_duration(value)
+    return str(value).strip()
+
+
+def parse_percent(value: str) -> Decimal:
+    """The number of an already-validated percentage such as ``5%``."""
+    return Decimal(value.strip().removesuffix("%"))
+
+
+def _check_percent(value: Any) -> str:
+    text = value.strip() if isinstance(value, str) else None
+    match = _PERCENT.fullmatch(text) if text else None
+    if match is None or not 0 < Decimal(match[1]) <= 100:
+        raise ValueError(f"{value!r} must be a percentage above 0% and at most 100%, such as 5%")
+    return str(text)
+
+
+Duration = Annotated[
+    str,
+    BeforeValidator(_check_duration),
+    Field(description="a duration: hours, minutes, seconds (2h, 90m, 1h30m)"),
+]
+Percent = Annotated[
+    str,
+    BeforeValidator(_check_percent),
+    Field(description="a percentage (5%)"),
+]
+
+
+class IdleRule(StrictModel):
+    """When the node agent counts a pod's GPUs idle, and what it does then."""
+
+    after: Duration = Field(
+        description="How long the pod's GPUs must stay idle before the agent acts (2h, 90m)"
+    )
+    below: Percent = Field(
+        default="5%",
+        description="Idle means the pod's GPU busy time (SM utilization) stays below this share "
+        "of the GPUs it is allocated",
+    )
+    action: Literal["stop", "notify"] = Field(
+        default="notify",
+        description="stop: stop a Kubeflow Notebook (its kubeflow-resource-stopped annotation; "
+        "volumes kept); any other pod is notified instead. notify: an Event on the pod and its "
+        "owner, and a metric. Training and serving pods are never stopped",
+    )
+
+
 class ProfileOverride(_ProfileSettings):
     """A tenant's changes to one profile."""
 
@@ -357,6 +423,11 @@ class Profile(_ProfileSettings):
     )
     backend: Backend | None = Field(
         default=None, description="Scheduler backend for this profile instead of the policy's"
+    )
+    idle: IdleRule | None = Field(
+        default=None,
+        description="Give back GPUs that sit idle: after how long, below what utilization, and "
+        "whether to stop the pod (Kubeflow Notebooks) or notify",
     )
 
     @field_validator("backend", mode="before")

@@ -11,15 +11,18 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from gpuwarden.policy.pod.quantity import format_bytes, format_mebibytes, to_mebibytes
-from gpuwarden.policy.pod.record import PodRecord
+from gpuwarden.policy.pod.record import IdleRecord, PodRecord
 from gpuwarden.policy.spec.backends import BackendPlan, plan_for
 from gpuwarden.policy.spec.matchers import bound_kind
 from gpuwarden.policy.spec.model import (
     EnforcementAction,
     GPUPolicy,
+    IdleRule,
     Profile,
     Tenant,
     WorkloadRule,
+    parse_duration,
+    parse_percent,
     quantity_value,
 )
 from gpuwarden.policy.spec.precedence import narrower_rules, selector_order
@@ -67,6 +70,7 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
         gpu_shared=plan.shared,
         preemptible=profile.preemptible,
         thread_percentage=profile.thread_percentage,
+        idle=_idle_record(profile.idle),
     )
     reserved = profile.reserved_memory
     if profile.max_memory is not None and reserved is not None:
@@ -85,6 +89,14 @@ def _grant(profile: ResolvedProfile, tenant: Tenant | None) -> Grant:
             gpus_text=_gpus_text(profile, plan),
             overcommit_text=_overcommit_text(profile) if plan.shared else "",
         )
+    )
+
+
+def _idle_record(rule: IdleRule | None) -> IdleRecord | None:
+    if rule is None:
+        return None
+    return IdleRecord(
+        action=rule.action, after=parse_duration(rule.after), below=parse_percent(rule.below)
     )
 
 
@@ -324,4 +336,5 @@ class PolicySet:
             overridden=tuple(sorted(to_camel(name) for name in changed)),
             gpus_set_by=gpus_set_by,
             gpu_types=tuple(merged.gpu_types or ()),
+            idle=profile.idle,
         )

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from gpuwarden.policy.spec.model import Backend, Toleration
+from gpuwarden.policy.spec.model import Backend, IdleRule, Toleration
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ResolvedProfile:
     # so each container keeps the count it asks for and `gpus` is only the count for one that
     # names none.
     gpus_set_by: str | None = None
+    idle: IdleRule | None = None
 
     @property
     def reserved_memory(self) -> Decimal | None:
