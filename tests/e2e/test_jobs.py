@@ -230,7 +230,14 @@ def test_the_api_server_sends_the_jobs_the_twin_says(
     marked["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"] = {
         "labels": {"gpuwarden.io/profile": "heavy-training"}
     }
-    for job, sent in ((cpu, False), (job_in(ns), True), (marked, True)):
+    # Templates too large to look into are sent unread (the API server's comprehensions cost
+    # more than linear time): a CPU job with 200 labels on a template.
+    large = copy.deepcopy(cpu)
+    large["metadata"]["name"] += "-large"
+    large["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"] = {
+        "labels": {f"team.example.com/l{i}": "x" for i in range(200)}
+    }
+    for job, sent in ((cpu, False), (job_in(ns), True), (marked, True), (large, True)):
         assert job_needs_review(job) is sent
         before = gpuwarden.server.requests_answered(endpoint="mutate")
         create_job(pytorchjobs, job)

@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
-from gpuwarden.policy.render.scope import job_needs_review
+from gpuwarden.policy.render.scope import (
+    MAX_CONTAINERS,
+    MAX_ITEMS,
+    MAX_REPLICA_TYPES,
+    job_needs_review,
+)
 
 from .support import EXAMPLES, read_yaml
 from .test_property import CLUSTER, FUZZ, POLICY_SETS, pods
@@ -314,4 +319,32 @@ def test_the_job_webhooks_see_gpu_jobs_and_jobs_gpuwarden_changed() -> None:
     assert job_needs_review(cpu)
     for kind in KIND_REPLICAS:
         assert job_needs_review(job_of(kind))
+
+
+def test_job_templates_too_large_to_look_into_are_sent_unread() -> None:
+    """The bounds that keep the API server's cost of the job condition small (issue 29's
+    item 6, for jobs): past any of them, a CPU job is sent."""
+    cpu = pytorchjob()
+    for replica in cpu["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert not job_needs_review(cpu)
+    worker = cpu["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    container = worker["spec"]["containers"][0]
+    for grow in (
+        lambda job: job["spec"]["pytorchReplicaSpecs"].update(
+            {f"Extra{i}": {"template": {}} for i in range(MAX_REPLICA_TYPES)}
+        ),
+        lambda job: job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"][
+            "containers"
+        ].extend([container] * MAX_CONTAINERS),
+        lambda job: job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][
+            0
+        ]["resources"]["limits"].update({f"example.com/r{i}": "1" for i in range(MAX_ITEMS)}),
+        lambda job: job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["metadata"].update(
+            {"annotations": {f"a{i}": "x" for i in range(MAX_ITEMS + 1)}}
+        ),
+    ):
+        grown = copy.deepcopy(cpu)
+        grow(grown)
+        assert job_needs_review(grown)
     assert not job_needs_review({**job_of("TFJob"), "kind": "PyTorchJob"})

@@ -90,6 +90,9 @@ PROTECTED_ANNOTATIONS = BACKEND_ANNOTATIONS
 MAX_CONTAINERS = 16
 MAX_CONTAINER_ITEMS = 512
 MAX_ITEMS = 128
+#: The most replica types of a Training Operator job the job condition looks into (the kinds
+#: have at most four); a job with more is sent, as are templates past the bounds above.
+MAX_REPLICA_TYPES = 8
 #: The most keys of a ConfigMap the ConfigMap condition looks into; a larger one is sent.
 MAX_CONFIG_MAP_KEYS = 1024
 
@@ -429,22 +432,31 @@ JOBS_ONLY_CEL = f'request.kind.group == "{jobs.JOB_GROUP}"'
 
 
 def _template_cel(template: str) -> str:
-    """A replica's pod template names a GPU resource, or carries gpuwarden's own keys."""
+    """A replica's pod template names a GPU resource, or carries gpuwarden's own keys; or is
+    too large to look into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource
+    names, labels or annotations), and is sent unread."""
+
+    def names_gpu(section: str) -> str:
+        return (
+            f"(has({section}) && (size({section}) > {MAX_ITEMS} || "
+            f"{section}.exists(k, {_GPU_KEYS})))"
+        )
+
     gpu = (
         "(has(c.resources) && ("
-        f"(has(c.resources.limits) && c.resources.limits.exists(k, {_GPU_KEYS})) || "
-        f"(has(c.resources.requests) && c.resources.requests.exists(k, {_GPU_KEYS}))))"
+        f"{names_gpu('c.resources.limits')} || {names_gpu('c.resources.requests')}))"
     )
     spec, meta = f"{template}.spec", f"{template}.metadata"
     return " || ".join(
         [
             *(
-                f"(has({spec}) && has({spec}.{field}) && {spec}.{field}.exists(c, {gpu}))"
+                f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
+                f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {gpu})))"
                 for field in ("containers", "initContainers")
             ),
             *(
-                f"(has({meta}) && has({meta}.{part}) && "
-                f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}")))'
+                f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
+                f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
                 for part in ("labels", "annotations")
             ),
         ]
@@ -458,9 +470,10 @@ def _template_cel(template: str) -> str:
 #: refuse early what GPU jobs will get.
 JOB_CEL = " || ".join(
     f'(request.kind.kind == "{kind.kind}" && has(object.spec) && '
-    f"has(object.spec.{kind.replica_field}) && object.spec.{kind.replica_field}.exists(r, "
+    f"has(object.spec.{kind.replica_field}) && (size(object.spec.{kind.replica_field}) > "
+    f"{MAX_REPLICA_TYPES} || object.spec.{kind.replica_field}.exists(r, "
     f"has(object.spec.{kind.replica_field}[r].template) && "
-    f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')})))"
+    f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')}))))"
     for kind in jobs.JOB_KINDS.values()
 )
 
@@ -472,10 +485,15 @@ def _template_needs(template: Any) -> bool:
     if isinstance(spec, dict):
         for field in ("containers", "initContainers"):
             items = spec.get(field)
-            for c in items if isinstance(items, list) else ():
+            if not isinstance(items, list):
+                continue
+            if len(items) > MAX_CONTAINERS:
+                return True
+            for c in items:
                 resources = c.get("resources") if isinstance(c, dict) else None
                 if isinstance(resources, dict) and any(
-                    isinstance(resources.get(s), dict) and any(map(_is_gpu_key, resources[s]))
+                    isinstance(section := resources.get(s), dict)
+                    and (len(section) > MAX_ITEMS or any(map(_is_gpu_key, section)))
                     for s in ("limits", "requests")
                 ):
                     return True
@@ -483,7 +501,9 @@ def _template_needs(template: Any) -> bool:
     if isinstance(meta, dict):
         for part in ("labels", "annotations"):
             values = meta.get(part)
-            if isinstance(values, dict) and any(str(k).startswith(OWN_PREFIX) for k in values):
+            if isinstance(values, dict) and (
+                len(values) > MAX_ITEMS or any(str(k).startswith(OWN_PREFIX) for k in values)
+            ):
                 return True
     return False
 
@@ -497,6 +517,8 @@ def job_needs_review(job: Mapping[str, Any]) -> bool:
     replicas = spec.get(kind.replica_field)
     if not isinstance(replicas, dict):
         return False
+    if len(replicas) > MAX_REPLICA_TYPES:
+        return True
     return any(
         isinstance(r, dict) and _template_needs(r.get("template")) for r in replicas.values()
     )
