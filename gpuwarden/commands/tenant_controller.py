@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from gpuwarden.commands.shared import LOG_LEVELS
 from gpuwarden.kube.client import KubeConfigError, api_client
 from gpuwarden.kube.tenants import TenantController
 from gpuwarden.policy import PolicySet
@@ -49,7 +50,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="seconds of each namespace watch; every namespace is applied again after it "
         "(so a policy change reaches them all) (default 300)",
     )
-    parser.add_argument("--log-level", default="info", choices=("debug", "info", "warning"))
+    parser.add_argument(
+        "--log-level", default="info", choices=LOG_LEVELS, help="JSON log lines from this level"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
