@@ -102,3 +102,27 @@ def test_without_the_fix_a_listed_namespace_was_never_sent(plane: ControlPlane) 
         assert _outcome(plane, "vision") == "created"
     finally:
         plane.kubectl("delete", "-f", "-", input=json.dumps(items))
+
+
+def test_every_webhook_has_a_twin_for_the_listed_namespaces() -> None:
+    """Pods, ConfigMaps and Kubeflow jobs alike: the entry selecting listed namespaces by name
+    differs from its label twin in the name and the namespaceSelector only."""
+    for config in (
+        *template(["tenants-quotas.yaml"]).all("MutatingWebhookConfiguration"),
+        *template(["tenants-quotas.yaml"]).all("ValidatingWebhookConfiguration"),
+    ):
+        hooks = {hook["name"]: hook for hook in config["webhooks"]}
+        labelled = [name for name in hooks if "-named." not in name]
+        assert labelled
+        for name in labelled:
+            first, rest = name.split(".", 1)
+            twin = dict(hooks[f"{first}-named.{rest}"])
+            selector = twin.pop("namespaceSelector")
+            assert selector["matchExpressions"][0] == {
+                "key": "kubernetes.io/metadata.name",
+                "operator": "In",
+                "values": ["nlp", "vision", "vision-dev"],
+            }
+            twin["name"] = name
+            original = {k: v for k, v in hooks[name].items() if k != "namespaceSelector"}
+            assert twin == original
