@@ -20,6 +20,7 @@ from gpuwarden.commands import (
     review,
     serve,
     simulate,
+    tenant_controller,
     test,
     usage,
 )
@@ -54,6 +55,7 @@ COMMANDS: dict[str, Command] = {
     "serve": serve,
     "certs": certs,
     "node-agent": node_agent,
+    "tenant-controller": tenant_controller,
     "simulate": simulate,
     "review": review,
     "usage": usage,

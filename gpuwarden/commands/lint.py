@@ -22,6 +22,7 @@ from gpuwarden.policy.lint import (
     lint_findings,
     object_overrides,
     object_scope_warnings,
+    object_tenant_namespace_warnings,
 )
 from gpuwarden.policy.pod import keys
 
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         served, errors = _serve(policies, objects)
         overrides = object_overrides(policies, served)
         warnings = object_scope_warnings(policies, served)
+        warnings += object_tenant_namespace_warnings(policies, served)
     errors += lint_errors(served)
     found, notes = lint_findings(served)
     warnings = found + warnings

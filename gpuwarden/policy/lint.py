@@ -117,6 +117,7 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
     notes += _memory_scaling_conflicts(policies)
     warnings += _selector_rules_after_other_kinds(policies)
     warnings += _untenanted_namespaces(policies)
+    notes += _label_selected_tenant_objects(policies)
     notes += _katib_injection_warnings(policies)
     warnings += _kueue_queue_warnings(policies)
     warnings += _idle_stop_warnings(policies)
@@ -200,6 +201,48 @@ def _untenanted_namespaces(policies: PolicySet) -> list[str]:
         "tenant names gets only the isolation checks, no limits, quota or overrides; add a "
         f"tenant with namespaceSelector matchLabels {{{key}: {value}}} to catch new profiles"
     ]
+
+
+def _label_selected_tenant_objects(policies: PolicySet) -> list[str]:
+    """Tenants that select namespaces by label get their ResourceQuota (and LocalQueue) from the
+    tenant controller as each namespace appears, not from `render` (render/tenants.py)."""
+    notes: list[str] = []
+    for tenant in policies.tenants:
+        if tenant.namespaces or tenant.namespace_selector is None:
+            continue
+        if tenant.quota is None and tenant.limits.gpu_memory_quota is None:
+            continue
+        notes.append(
+            f"tenant {tenant.name} selects namespaces by label "
+            f"({describe_selector(tenant.namespace_selector)}): render writes no ResourceQuota or "
+            "LocalQueue for them; the tenant controller (the chart's tenantController) applies "
+            "them in each such namespace as it appears"
+        )
+    return notes
+
+
+def object_tenant_namespace_warnings(files: PolicySet, served: PolicySet) -> list[str]:
+    """Namespaces that object tenants list by name: the chart selects listed namespaces by name
+    from its policy files alone (_tenant-namespaces.tpl), so one only an object lists reaches
+    the webhooks only if it carries the webhooks' namespace label."""
+    listed = {ns for tenant in files.tenants for ns in tenant.namespaces}
+    objects = {id(policy) for policy in _objects(files, served)}
+    warnings: list[str] = []
+    for policy in served.policies:
+        if id(policy) not in objects:
+            continue
+        for tenant in policy.spec.tenants:
+            unlisted = [ns for ns in tenant.namespaces if ns not in listed]
+            if unlisted:
+                warnings.append(
+                    f"{OBJECT_PREFIX}{policy.metadata.name}: tenant {tenant.name} lists "
+                    f"{', '.join(unlisted)} by name, but the chart's webhooks select namespaces "
+                    "by name only from its policy files: pods there are never sent to gpuwarden "
+                    "unless the namespace carries the label of webhook.namespaceSelector (a "
+                    "Kubeflow profile namespace); label it, or list the tenant in the chart's "
+                    "policies"
+                )
+    return warnings
 
 
 def lint_errors(policies: PolicySet) -> list[str]:

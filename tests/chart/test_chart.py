@@ -272,7 +272,7 @@ def test_failure_policies_default_to_fail_and_follow_values(
 
 
 def test_cert_manager_injects_the_ca_of_the_certificate_the_pods_serve(default: Rendering) -> None:
-    deployment = default.one("Deployment")
+    deployment = default.one("Deployment", f"{FULLNAME}-webhook")
     (tls,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         config = default.one(kind)
@@ -313,7 +313,7 @@ def test_self_managed_tls_has_least_privilege_rbac(renderings: dict[str, Renderi
         config = rendering.one(kind)
         assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
         assert all("caBundle" not in hook["clientConfig"] for hook in config["webhooks"])
-    pod = rendering.one("Deployment")["spec"]["template"]["spec"]
+    pod = rendering.one("Deployment", f"{FULLNAME}-webhook")["spec"]["template"]["spec"]
     (init,) = pod["initContainers"]
     args = dict(arg.split("=", 1) for arg in init["args"][2:])
     assert init["args"][:2] == ["certs", "sync"]
@@ -354,7 +354,7 @@ def _args(container: dict[str, Any]) -> dict[str, str]:
 
 
 def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -> None:
-    deployment = default.one("Deployment")
+    deployment = default.one("Deployment", f"{FULLNAME}-webhook")
     spec = deployment["spec"]
     assert spec["replicas"] >= 2
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
@@ -395,7 +395,7 @@ def test_webhook_deployment_is_highly_available_and_probed(default: Rendering) -
 
 def test_webhook_runs_unprivileged(renderings: dict[str, Rendering]) -> None:
     for name in ("", "self-managed-tls.yaml"):
-        pod = renderings[name].one("Deployment")["spec"]["template"]["spec"]
+        pod = renderings[name].one("Deployment", f"{FULLNAME}-webhook")["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
         for container in [*pod.get("initContainers", []), *pod["containers"]]:
             assert_restricted(container["securityContext"])
@@ -601,7 +601,9 @@ def test_no_role_of_the_chart_may_write_gpupolicies(renderings: dict[str, Render
 
 def _webhook_serves_gpupolicies(rendering: Rendering) -> bool:
     """Whether `gpuwarden serve`, given the Deployment's arguments, watches GPUPolicy objects."""
-    container = rendering.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+    container = rendering.one("Deployment", f"{FULLNAME}-webhook")["spec"]["template"]["spec"][
+        "containers"
+    ][0]
     return config_from(build_parser().parse_args(container["args"])).watch_policies
 
 
@@ -834,8 +836,12 @@ def test_notes_explain_how_to_dry_run_a_pod() -> None:
 def _containers(renderings: dict[str, Rendering]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for values in ("", "self-managed-tls.yaml"):
-        for kind in ("Deployment", "DaemonSet"):
-            pod = renderings[values].one(kind)["spec"]["template"]["spec"]
+        for workload in [
+            *renderings[values].all("Deployment"),
+            *renderings[values].all("DaemonSet"),
+        ]:
+            kind = workload["kind"]
+            pod = workload["spec"]["template"]["spec"]
             for container in [*pod.get("initContainers", []), *pod["containers"]]:
                 found[f"{values or 'defaults'}:{kind}:{container['name']}"] = container["args"]
     return found
@@ -848,6 +854,7 @@ def _containers(renderings: dict[str, Rendering]) -> dict[str, list[str]]:
         "self-managed-tls.yaml:Deployment:webhook",
         "defaults:DaemonSet:node-agent",
         "self-managed-tls.yaml:Deployment:certs",
+        "defaults:Deployment:tenant-controller",
     ],
 )
 def test_container_args_parse_with_the_real_cli(
@@ -867,7 +874,9 @@ def test_the_enforcement_action_reaches_serve(default: Rendering) -> None:
     policies (issue 32, item 1); a value serve would refuse fails at template time."""
 
     def action(rendering: Rendering) -> str:
-        container = rendering.one("Deployment")["spec"]["template"]["spec"]["containers"][0]
+        container = rendering.one("Deployment", f"{FULLNAME}-webhook")["spec"]["template"]["spec"][
+            "containers"
+        ][0]
         return config_from(build_parser().parse_args(container["args"])).settings.enforcement_action
 
     assert action(default) == "enforce"

@@ -59,7 +59,7 @@ def test_only_the_api_server_reaches_the_webhook_port() -> None:
     rendering = template(sets=API_SERVER)
     policy = rendering.one("NetworkPolicy", POLICY)
     _valid(policy)
-    deployment = rendering.one("Deployment")
+    deployment = rendering.one("Deployment", f"{FULLNAME}-webhook")
     assert policy["metadata"]["namespace"] == NAMESPACE
     assert policy["spec"]["podSelector"] == deployment["spec"]["selector"]
     assert policy["spec"]["policyTypes"] == ["Ingress"]  # egress stays open: watches, lookups

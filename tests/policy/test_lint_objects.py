@@ -123,8 +123,9 @@ def test_lint_shows_the_file_rules_an_exact_name_takes_pods_from(
     ]
     assert out[-1] == (
         # The second warning: rule labelled-gpus, a selector, loses the pods the files' rules of
-        # other kinds also match (issue 32 item 5).
-        "ok: 3 policies, 13 profiles, 20 rules, 5 tenants, 2 warnings, 11 notes (info: what the "
+        # other kinds also match (issue 32 item 5); the third: the object's tenant lists
+        # namespace research, which the chart's webhooks select by label only (issue 32 item 2).
+        "ok: 3 policies, 13 profiles, 20 rules, 5 tenants, 3 warnings, 11 notes (info: what the "
         "nodes or namespaces must provide), 4 overrides by GPUPolicy objects"
     )
 
@@ -310,3 +311,15 @@ def test_rules_overlap_unless_no_pod_can_match_both(
 ) -> None:
     assert rules_overlap(_rule(first), _rule(second)) is overlap
     assert rules_overlap(_rule(second), _rule(first)) is overlap
+
+
+def test_lint_warns_that_an_object_tenant_listed_namespace_is_selected_by_label_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The chart's webhooks select namespaces by name only from its policy files (issue 32,
+    item 2): a namespace only a GPUPolicy object lists reaches them only through the label."""
+    objects = kubectl_list(tmp_path, TAKEOVER)
+    _, _, err = lint(capsys, str(DEFAULT), str(TEAM_VISION), "--objects", str(objects))
+    (warning,) = [line for line in err if "by name only from its policy files" in line]
+    assert warning.startswith("warning: gpupolicy/takeover: tenant research lists research by name")
+    assert "webhook.namespaceSelector" in warning

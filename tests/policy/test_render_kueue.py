@@ -286,8 +286,9 @@ def test_a_tenant_known_by_label_gets_its_selector_and_no_local_queue() -> None:
     }
     assert [o["metadata"]["namespace"] for o in rendering.of_kind("LocalQueue")] == ["mixed"]
     assert any(
-        "tenant labelled selects its namespaces by label, so no LocalQueue" in w
-        for w in rendering.warnings
+        "tenant labelled selects its namespaces by label, so no LocalQueue" in n
+        and "tenant-controller --kueue" in n
+        for n in rendering.notes
     )
 
 

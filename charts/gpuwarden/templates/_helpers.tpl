@@ -98,7 +98,7 @@ caps with HAMi-core inside the container, where an MPS daemon would serve no pod
 {{- end -}}
 
 {{/* Every GPUPolicy document in .Values.policies, as a JSON list of
-{"policy": <name>, "profiles": [...], "workloads": [...]}. A value is YAML text (one or more documents) or a
+{"policy": <name>, "profiles": [...], "workloads": [...], "tenants": [...]}. A value is YAML text (one or more documents) or a
 mapping; a document without kind is a bare spec named after its key, as the loader does. */}}
 {{- define "gpuwarden.policyDocuments" -}}
 {{- $docs := list -}}
@@ -123,11 +123,11 @@ mapping; a document without kind is a bare spec named after its key, as the load
 {{- range $doc := $parts -}}
 {{- $kind := default "" $doc.kind -}}
 {{- if eq $kind "GPUPolicy" -}}
-{{- $docs = append $docs (dict "policy" $doc.metadata.name "profiles" (default list $doc.spec.profiles) "workloads" (default list $doc.spec.workloads)) -}}
+{{- $docs = append $docs (dict "policy" $doc.metadata.name "profiles" (default list $doc.spec.profiles) "workloads" (default list $doc.spec.workloads) "tenants" (default list $doc.spec.tenants)) -}}
 {{- else if eq $kind "" -}}
 {{- $stem := regexReplaceAll "\\.(ya?ml|json)$" $key "" | lower -}}
 {{- $stem = regexReplaceAll "[^a-z0-9-]+" $stem "-" | trimAll "-" | trunc 53 | trimAll "-" -}}
-{{- $docs = append $docs (dict "policy" (default "policy" $stem) "profiles" (default list $doc.profiles) "workloads" (default list $doc.workloads)) -}}
+{{- $docs = append $docs (dict "policy" (default "policy" $stem) "profiles" (default list $doc.profiles) "workloads" (default list $doc.workloads) "tenants" (default list $doc.tenants)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

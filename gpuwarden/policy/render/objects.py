@@ -342,10 +342,12 @@ def _resource_quotas(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
                 )
             continue
         if not tenant.namespaces:
-            out.warnings.append(
+            out.note(
                 f"tenant {tenant.name} selects its namespaces by label, so no ResourceQuota is "
-                "rendered (a quota needs a namespace): list them in spec.tenants[].namespaces, or "
-                "put the same hard limits in each Kubeflow Profile's spec.resourceQuotaSpec"
+                "rendered (a quota needs a namespace): the tenant controller (the chart's "
+                "tenantController, `gpuwarden tenant-controller`) applies it in each of them as "
+                "it appears; without it, list them in spec.tenants[].namespaces, or put the same "
+                "hard limits in each Kubeflow Profile's spec.resourceQuotaSpec"
             )
             continue
         policy = _tenant_policy(policies, tenant)
@@ -562,10 +564,12 @@ def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
             for ns in tenant.namespaces
         ]
         if not tenant.namespaces:
-            out.warnings.append(
+            out.note(
                 f"tenant {tenant.name} selects its namespaces by label, so no LocalQueue is "
-                f"rendered (a LocalQueue needs a namespace): create LocalQueue "
-                f"{kueue.DEFAULT_LOCAL_QUEUE} (spec.clusterQueue: {queue.name}) in each of them"
+                "rendered (a LocalQueue needs a namespace): the tenant controller (the chart's "
+                "tenantController with kueue.enabled, `gpuwarden tenant-controller --kueue`) "
+                f"applies LocalQueue {kueue.DEFAULT_LOCAL_QUEUE} (spec.clusterQueue: "
+                f"{queue.name}) in each of them as it appears"
             )
     out.note(kueue_configuration_note())
     return objects + local
