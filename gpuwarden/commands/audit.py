@@ -1,6 +1,8 @@
-"""`gpuwarden audit`: what enforcing the policies would deny or change in the pods already running.
+"""`gpuwarden audit`: what enforcing the policies would deny or change in the pods and Kubeflow
+jobs already running.
 
-Each pod is judged as a CREATE of its spec as it is now (docs/rollout.md says why that is what
+Each pod is judged as a CREATE of its spec as it is now, each job as the CREATE of its replicas'
+pods (docs/rollout.md says why that is what
 the webhooks would have answered at its admission, and what it cannot tell), under enforce
 whatever the policies' enforcementAction: the question is what switching to enforce would do.
 """
@@ -30,14 +32,17 @@ from gpuwarden.kube.client import KubeConfigError, api_client
 from gpuwarden.kube.snapshot import SnapshotError, read_snapshot
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admitted_gpu_memory
 from gpuwarden.policy.admission import manifests
+from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.admission.pipeline import enforced
+from gpuwarden.policy.pod import jobs
 
-HELP = "Report what the policies would deny or change in the pods already running"
+HELP = "Report what the policies would deny or change in the pods and jobs already running"
 DESCRIPTION = """\
 Report, per tenant and namespace, what enforcing the policies would deny or change in the pods
-already running: from `kubectl get pods -A -o yaml` dumps (FILE), or read with --cluster.
-Each pod is judged as a CREATE of its spec as it is now, under enforce. Exit status 1 when some
-pod would be denied. See docs/rollout.md."""
+already running, and in the Kubeflow Training Operator jobs: from `kubectl get pods -A -o yaml`
+(and `kubectl get pytorchjobs,tfjobs,... -A -o yaml`) dumps (FILE), or read with --cluster.
+Each pod is judged as a CREATE of its spec as it is now, each job as the CREATE of its replicas'
+pods, under enforce. Exit status 1 when some pod or job would be denied. See docs/rollout.md."""
 
 Result = Literal["fail", "warn", "pass", "skip"]
 # The phases of pods that hold nothing any more: judged as skipped.
@@ -98,11 +103,24 @@ class PodAudit:
     profile: str | None
     rule: str | None
     policy: str
-    skipped: str = ""  # why the pod was not judged
+    skipped: str = ""  # why the object was not judged
     check: str = ""  # the check that would deny it
     reason: str = ""
     message: str = ""  # the denial, as the user would have read it
     patch: tuple[Mapping[str, Any], ...] = ()
+    # A Kubeflow job's kind and apiVersion; a pod's are Pod, v1.
+    kind: str = "Pod"
+    api_version: str = "v1"
+
+    @property
+    def is_job(self) -> bool:
+        return self.kind != "Pod"
+
+    @property
+    def label(self) -> str:
+        """How the table names it: namespace/name, with the kind for a job."""
+        kind = f"{self.kind}/" if self.is_job else ""
+        return f"{self.namespace}/{kind}{self.name}"
 
     @property
     def denied(self) -> bool:
@@ -137,22 +155,39 @@ def _phase(pod: Mapping[str, Any]) -> str:
 
 
 def read_pod_files(sources: Sequence[str]) -> list[Mapping[str, Any]]:
-    """The pods of ``sources``: Pod documents, or Lists of them (kubectl get -o yaml)."""
-    pods: list[Mapping[str, Any]] = []
+    """The pods and Kubeflow jobs of ``sources``: their documents, or Lists of them (kubectl
+    get -o yaml)."""
+    objects: list[Mapping[str, Any]] = []
     for source in sources:
         for index, doc in enumerate(read_documents(source), start=1):
             where = f"{source}: document {index}"
             if not isinstance(doc, Mapping):
-                raise InputError(f"{where}: expected a Pod or a List of pods")
+                raise InputError(f"{where}: expected a Pod, a Kubeflow job or a List of them")
             items = doc.get("items") if str(doc.get("kind", "")).endswith("List") else [doc]
             for number, item in enumerate(items if isinstance(items, list) else (), start=1):
                 kind = item.get("kind", "Pod") if isinstance(item, Mapping) else None
-                if kind != "Pod" or not isinstance(item.get("spec"), Mapping):
+                known = kind == "Pod" or (isinstance(item, Mapping) and jobs.is_job(item))
+                if not known or not isinstance(item.get("spec"), Mapping):
                     raise InputError(
-                        f"{where}: item {number}: expected a Pod with a spec, got {kind!r}"
+                        f"{where}: item {number}: expected a Pod or a Kubeflow job "
+                        f"({', '.join(jobs.JOB_KINDS)}) with a spec, got {kind!r}"
                     )
-                pods.append(item)
-    return pods
+                objects.append(item)
+    return objects
+
+
+def _job_finished(job: Mapping[str, Any]) -> str:
+    """The condition (Succeeded, Failed) of a job that runs no pod any more, or ""."""
+    status = job.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for condition in conditions if isinstance(conditions, list) else ():
+        if (
+            isinstance(condition, Mapping)
+            and condition.get("type") in _FINISHED
+            and condition.get("status") == "True"
+        ):
+            return str(condition["type"])
+    return ""
 
 
 def _memory_by_namespace(pods: Iterable[Mapping[str, Any]]) -> dict[str, Decimal]:
@@ -172,9 +207,12 @@ def audit_pods(
 ) -> list[PodAudit]:
     """Each pod judged as the CREATE of its spec as it is now, under enforce; each against its
     namespace's GPU memory without its own."""
-    memory = _memory_by_namespace(pods)
+    memory = _memory_by_namespace(p for p in pods if not jobs.is_job(p))
     out: list[PodAudit] = []
     for pod in pods:
+        if jobs.is_job(pod):
+            out.append(_audit_job(pod, policies, cluster))
+            continue
         meta = _meta(pod)
         namespace = str(meta.get("namespace") or "default")
         name = str(meta.get("name") or meta.get("generateName") or "<unnamed>")
@@ -224,16 +262,59 @@ def audit_pods(
     return out
 
 
+def _audit_job(job: Mapping[str, Any], policies: PolicySet, cluster: ClusterView) -> PodAudit:
+    """A job judged as the CREATE of its replicas' pods, under enforce."""
+    meta = _meta(job)
+    namespace = str(meta.get("namespace") or "default")
+    tenant = policies.tenant_for(namespace, cluster.labels_for(namespace))
+    audit = PodAudit(
+        namespace,
+        str(meta.get("name") or "<unnamed>"),
+        str(meta.get("uid") or ""),
+        tenant.name if tenant else None,
+        None,
+        None,
+        ",".join(policies.names),
+        kind=str(job.get("kind")),
+        api_version=str(job.get("apiVersion") or "kubeflow.org/v1"),
+    )
+    finished = _job_finished(job)
+    if finished:
+        return replace(audit, skipped=f"condition {finished}: runs no pod any more")
+    result = admit_job(
+        AdmissionRequest("CREATE", namespace, job), policies, cluster, enforcing=True
+    )
+    mutation, validation = result.mutation, result.validation
+    owner = policies.profile_policy.get(mutation.profile) if mutation.profile else None
+    audit = replace(
+        audit,
+        tenant=mutation.tenant or validation.tenant or audit.tenant,
+        profile=mutation.profile,
+        rule=mutation.rule,
+        policy=owner.metadata.name if owner is not None else audit.policy,
+        patch=mutation.patch,
+    )
+    if not validation.allowed:
+        audit = replace(
+            audit,
+            check=to_camel(validation.audit_annotations.get("denied-by", "placement")),
+            reason=validation.reason,
+            message=validation.message,
+        )
+    return audit
+
+
 def _key(audit: PodAudit) -> tuple[str, str]:
     return (audit.tenant or "-", audit.namespace)
 
 
 def summary_rows(audits: Sequence[PodAudit]) -> list[dict[str, Any]]:
-    """Per tenant and namespace: pods, and how many enforcing would deny, change, pass, skip."""
+    """Per tenant and namespace: pods, jobs, and how many of them enforcing would deny, change,
+    pass, skip."""
     rows: dict[tuple[str, str], Counter[str]] = {}
     for audit in audits:
         counts = rows.setdefault(_key(audit), Counter())
-        counts["pods"] += 1
+        counts["jobs" if audit.is_job else "pods"] += 1
         counts["wouldDeny"] += audit.denied
         counts["wouldChange"] += bool(audit.patch) and not audit.skipped
         counts["pass"] += audit.verdict == "pass"
@@ -242,14 +323,14 @@ def summary_rows(audits: Sequence[PodAudit]) -> list[dict[str, Any]]:
         {
             "tenant": tenant,
             "namespace": namespace,
-            **{k: counts[k] for k in ("pods", "wouldDeny", "wouldChange", "pass", "skip")},
+            **{k: counts[k] for k in ("pods", "jobs", "wouldDeny", "wouldChange", "pass", "skip")},
         }
         for (tenant, namespace), counts in sorted(rows.items())
     ]
 
 
 def table(audits: Sequence[PodAudit]) -> str:
-    head = ("TENANT", "NAMESPACE", "PODS", "WOULD DENY", "WOULD CHANGE", "PASS", "SKIP")
+    head = ("TENANT", "NAMESPACE", "PODS", "JOBS", "WOULD DENY", "WOULD CHANGE", "PASS", "SKIP")
     rows = [head] + [tuple(str(v) for v in row.values()) for row in summary_rows(audits)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [
@@ -257,8 +338,8 @@ def table(audits: Sequence[PodAudit]) -> str:
         for row in rows
     ]
     details = []
-    for audit in sorted(audits, key=lambda a: (_key(a), a.name)):
-        where = f"{audit.namespace}/{audit.name}"
+    for audit in sorted(audits, key=lambda a: (_key(a), a.label)):
+        where = audit.label
         if audit.denied:
             details.append(f"{where}: would deny ({audit.check}): {audit.message}")
         if audit.patch and not audit.skipped:
@@ -269,31 +350,36 @@ def table(audits: Sequence[PodAudit]) -> str:
 def as_json(audits: Sequence[PodAudit]) -> dict[str, Any]:
     return {
         "summary": summary_rows(audits),
-        "pods": [
-            {
-                "namespace": a.namespace,
-                "name": a.name,
-                "tenant": a.tenant,
-                "profile": a.profile,
-                "rule": a.rule,
-                "verdict": a.verdict,
-                "skipped": a.skipped or None,
-                "wouldDeny": (
-                    {"check": a.check, "reason": a.reason, "message": a.message}
-                    if a.denied
-                    else None
-                ),
-                "wouldChange": [dict(op) for op in a.patch] if not a.skipped else [],
-            }
-            for a in audits
-        ],
+        "pods": [_json_entry(a) for a in audits if not a.is_job],
+        "jobs": [{"kind": a.kind, **_json_entry(a)} for a in audits if a.is_job],
+    }
+
+
+def _json_entry(a: PodAudit) -> dict[str, Any]:
+    return {
+        "namespace": a.namespace,
+        "name": a.name,
+        "tenant": a.tenant,
+        "profile": a.profile,
+        "rule": a.rule,
+        "verdict": a.verdict,
+        "skipped": a.skipped or None,
+        "wouldDeny": (
+            {"check": a.check, "reason": a.reason, "message": a.message} if a.denied else None
+        ),
+        "wouldChange": [dict(op) for op in a.patch] if not a.skipped else [],
     }
 
 
 def _results(audit: PodAudit) -> list[dict[str, Any]]:
     """The PolicyReport results of one pod (wgpolicyk8s.io/v1alpha2 PolicyReportResult): a
     fail per denial, a warn per change, else one pass or skip."""
-    resource = {"apiVersion": "v1", "kind": "Pod", "name": audit.name, "namespace": audit.namespace}
+    resource = {
+        "apiVersion": audit.api_version,
+        "kind": audit.kind,
+        "name": audit.name,
+        "namespace": audit.namespace,
+    }
     if audit.uid:
         resource["uid"] = audit.uid
     properties = {
@@ -332,7 +418,8 @@ def _results(audit: PodAudit) -> list[dict[str, Any]]:
                 patchOperations=str(len(audit.patch)),
             )
         )
-    return found or [result("admission", "pass", "enforcing would admit the pod unchanged")]
+    what = f"the {audit.kind}" if audit.is_job else "the pod"
+    return found or [result("admission", "pass", f"enforcing would admit {what} unchanged")]
 
 
 def policy_reports(audits: Sequence[PodAudit]) -> dict[str, Any]:
@@ -386,7 +473,9 @@ def _inputs(args: argparse.Namespace) -> tuple[list[Mapping[str, Any]], ClusterV
             view = manifests.cluster_view(snapshot.manifests, "the cluster")
         except manifests.ManifestError as exc:
             raise InputError(str(exc)) from None
-        return list(snapshot.pods), view
+        for line in snapshot.left_out:
+            eprint(f"warning: {line}")
+        return [*snapshot.pods, *snapshot.jobs], view
     if not args.files:
         raise InputError(
             "no pods given: name `kubectl get pods -A -o yaml` dumps, or use --cluster"

@@ -1,5 +1,6 @@
-"""One read of what `gpuwarden audit --cluster` judges: every pod, with the Namespaces and
-PriorityClasses a decision reads, listed page by page through the kubernetes client."""
+"""One read of what `gpuwarden audit --cluster` judges: every pod and Training Operator job, with
+the Namespaces and PriorityClasses a decision reads, listed page by page through the kubernetes
+client. A job kind whose CRD is not installed is left out."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.errors import api_error_text, transport_error_text
+from gpuwarden.policy.pod.jobs import JOB_GROUP, JOB_KINDS, JOB_VERSION
 
 Obj = Mapping[str, Any]
 # Objects per list call: a cluster of thousands of pods is read in pages, not one answer.
@@ -26,13 +28,18 @@ class SnapshotError(Exception):
 @dataclass(frozen=True)
 class Snapshot:
     pods: tuple[Obj, ...]
+    jobs: tuple[Obj, ...]
     # Namespaces, PriorityClasses: manifests as `kubectl get -o yaml` writes them.
     manifests: tuple[Obj, ...]
+    # Job kinds that could not be listed (not allowed to, say), each a sentence.
+    left_out: tuple[str, ...] = ()
 
 
-def _list_all(what: str, list_func: Callable[..., Any], kind: str) -> list[Obj]:
+def _list_all(
+    what: str, list_func: Callable[..., Any], kind: str, *, absent_ok: bool = False
+) -> list[Obj]:
     """Every object of one list call, as parsed JSON (no client models), with its kind set
-    (a list's items carry none)."""
+    (a list's items carry none); with ``absent_ok``, none where the resource does not exist."""
     items: list[Obj] = []
     token: str | None = None
     while True:
@@ -40,6 +47,8 @@ def _list_all(what: str, list_func: Callable[..., Any], kind: str) -> list[Obj]:
             response = list_func(limit=PAGE, _continue=token, _preload_content=False)
             page = json.loads(response.data)
         except ApiException as exc:
+            if absent_ok and exc.status == 404:
+                return []
             raise SnapshotError(f"cannot list {what}: {api_error_text(exc)}") from None
         except urllib3.exceptions.HTTPError as exc:
             raise SnapshotError(f"cannot list {what}: {transport_error_text(exc)}") from None
@@ -55,4 +64,19 @@ def read_snapshot(api: k8s_client.ApiClient) -> Snapshot:
     pods = _list_all("pods in all namespaces", core.list_pod_for_all_namespaces, "Pod")
     namespaces = _list_all("namespaces", core.list_namespace, "Namespace")
     classes = _list_all("priorityclasses", scheduling.list_priority_class, "PriorityClass")
-    return Snapshot(tuple(pods), (*namespaces, *classes))
+    custom = k8s_client.CustomObjectsApi(api)
+    jobs: list[Obj] = []
+    left_out: list[str] = []
+    for kind in JOB_KINDS.values():
+
+        def list_jobs(plural: str = kind.plural, **kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(JOB_GROUP, JOB_VERSION, plural, **kwargs)
+
+        what = f"{kind.plural}.{JOB_GROUP} in all namespaces"
+        try:
+            listed = _list_all(what, list_jobs, kind.kind, absent_ok=True)
+        except SnapshotError as exc:
+            left_out.append(f"{exc}; {kind.kind}s are left out of the audit")
+            continue
+        jobs += [{"apiVersion": f"{JOB_GROUP}/{JOB_VERSION}", **job} for job in listed]
+    return Snapshot(tuple(pods), tuple(jobs), (*namespaces, *classes), tuple(left_out))

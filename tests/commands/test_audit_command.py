@@ -75,6 +75,7 @@ def test_the_table_counts_per_tenant_and_namespace(
         "TENANT",
         "NAMESPACE",
         "PODS",
+        "JOBS",
         "WOULD",
         "DENY",
         "WOULD",
@@ -82,7 +83,7 @@ def test_the_table_counts_per_tenant_and_namespace(
         "PASS",
         "SKIP",
     ]
-    assert lines[1].split() == ["tenant-a", "tenant-a", "4", "1", "1", "1", "1"]
+    assert lines[1].split() == ["tenant-a", "tenant-a", "4", "0", "1", "1", "1", "1"]
     assert any(
         line.startswith("tenant-a/privileged: would deny (privileged): gpuwarden denied the pod")
         for line in lines
@@ -116,6 +117,7 @@ def test_json_lists_each_pod_with_its_patch(dump: Path, capsys: pytest.CaptureFi
             "tenant": "tenant-a",
             "namespace": "tenant-a",
             "pods": 4,
+            "jobs": 0,
             "wouldDeny": 1,
             "wouldChange": 1,
             "pass": 1,
@@ -200,7 +202,8 @@ def test_bad_input_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     )
     code, _, err = _audit(capsys, str(wrong))
     assert code == 2
-    assert f"error: {wrong}: document 1: item 1: expected a Pod with a spec, got 'Service'" in err
+    assert f"error: {wrong}: document 1: item 1: expected a Pod or a Kubeflow job (" in err
+    assert "PyTorchJob" in err and "with a spec, got 'Service'" in err
     code, _, err = _audit(capsys)
     assert code == 2 and "no pods given" in err
 
@@ -237,3 +240,50 @@ def test_apply_and_explain_give_the_webhooks_answer_under_audit(
     out, err = capsys.readouterr()
     assert out == "[]\n"
     assert "gpuwarden (dryrun): the pod is left as sent" in err
+
+
+def test_kubeflow_jobs_are_audited_as_their_replicas_pods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32 with issue 30: the Training Operator jobs in a dump are judged as the CREATE of
+    their replicas' pods, a denial naming the replica; a finished job is skipped."""
+    job = yaml.safe_load((EXAMPLES / "jobs" / "pytorchjob.yaml").read_text())
+    job["metadata"].update(namespace="tenant-b", name="bert", uid="uid-bert")
+    over = copy.deepcopy(job)
+    over["metadata"].update(name="bert-8", uid="uid-bert-8")
+    worker = over["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    worker["resources"]["limits"]["nvidia.com/gpu"] = "8"
+    done = copy.deepcopy(over)
+    done["metadata"].update(name="bert-done", uid="uid-bert-done")
+    done["status"] = {"conditions": [{"type": "Succeeded", "status": "True"}]}
+    dump = tmp_path / "jobs.yaml"
+    dump.write_text(
+        yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [job, over, done]})
+    )
+    code, out, _ = _audit(capsys, str(dump))
+    assert code == 1
+    lines = out.splitlines()
+    assert lines[1].split() == ["tenant-b", "tenant-b", "0", "3", "1", "2", "0", "1"]
+    assert any(
+        line.startswith("tenant-b/PyTorchJob/bert-8: would deny (tenantLimits): Worker: ")
+        and "allows at most 2 per pod" in line
+        for line in lines
+    )
+    assert any(line.startswith("tenant-b/PyTorchJob/bert: would apply ") for line in lines)
+    code, out, _ = _audit(capsys, "-o", "json", str(dump))
+    verdicts = {j["name"]: (j["kind"], j["verdict"]) for j in json.loads(out)["jobs"]}
+    assert verdicts == {
+        "bert": ("PyTorchJob", "change"),
+        "bert-8": ("PyTorchJob", "deny"),
+        "bert-done": ("PyTorchJob", "skip"),
+    }
+    code, out, _ = _audit(capsys, "-o", "policyreport", str(dump))
+    (report,) = json.loads(out)["items"]
+    (fail,) = [r for r in report["results"] if r["result"] == "fail"]
+    assert fail["resources"][0] == {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "name": "bert-8",
+        "namespace": "tenant-b",
+        "uid": "uid-bert-8",
+    }

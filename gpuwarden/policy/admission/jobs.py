@@ -23,7 +23,7 @@ from gpuwarden.policy.admission.decision import (
     warning,
 )
 from gpuwarden.policy.admission.patch import escape, pointer
-from gpuwarden.policy.admission.pipeline import Admission, admit
+from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
@@ -139,10 +139,18 @@ def admit_job(
     cluster: ClusterView,
     *,
     default_action: EnforcementAction = "enforce",
+    enforcing: bool = False,
 ) -> JobAdmission:
     """Admit a Training Operator job (``request.pod`` holds it) as its controller's pods will be:
     each replica's pod through the pod pipeline (mutate, then validate the mutated pod), under
-    the enforcementAction each pod would get."""
+    the enforcementAction each pod would get; with ``enforcing``, as enforcing would, whatever
+    the enforcementAction (what `gpuwarden audit` asks)."""
+
+    def admit_pod(pod_request: AdmissionRequest) -> Admission:
+        if enforcing:
+            return enforced(pod_request, policies, cluster)
+        return admit(pod_request, policies, cluster, default_action=default_action)
+
     job = request.pod
     kind = str(job.get("kind"))
     if request.operation not in ("CREATE", "UPDATE") or request.sub_resource:
@@ -163,7 +171,7 @@ def admit_job(
         pod_request = AdmissionRequest(
             "CREATE", request.namespace, pod, uid=request.uid, dry_run=request.dry_run
         )
-        admission = admit(pod_request, policies, cluster, default_action=default_action)
+        admission = admit_pod(pod_request)
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep:
@@ -172,9 +180,7 @@ def admit_job(
             # The pods after the first lack its master role: where the policy tells them apart,
             # they are judged too, and the template can carry only the first one's changes.
             other = jobs.replica_pod(job, replica, request.namespace, index)
-            later = admit(
-                pod_request._replace(pod=other), policies, cluster, default_action=default_action
-            )
+            later = admit_pod(pod_request._replace(pod=other))
             if later.mutation.patch != admission.mutation.patch:
                 notes.append(
                     warning(
