@@ -19,6 +19,28 @@ Sources: the Training Operator v1.8.1 (github.com/kubeflow/training-operator, ta
 What the controllers add to a pod beyond that (PyTorch's ``init-pytorch`` init container for
 workers when a Master exists, the framework's environment variables, MPI's kubectl-delivery
 volumes) asks no GPU and is not read here: a policy decides on the template's containers.
+
+batch/v1 Jobs (Katib's trials among them) have one template, ``spec.template``. Sources:
+- kubernetes v1.37 pkg/registry/batch/job/strategy.go (PrepareForCreate, generateSelector): the
+  API server adds ``job-name`` and ``batch.kubernetes.io/job-name`` (the Job's name) and
+  ``controller-uid`` and ``batch.kubernetes.io/controller-uid`` (its uid) to the template's labels,
+  unless ``spec.manualSelector``; that runs after the mutating webhooks, so the job webhooks see
+  the uid only while validating. The predicted pod carries the uid labels with the uid when the
+  object has one and empty otherwise: a selector on their existence matches as it will on the
+  pod; one on a single Job's uid cannot be foretold.
+- pkg/controller/job/job_controller.go (manageJob): pods are created with generateName
+  ``<job>-``, and for ``completionMode: Indexed`` ``<job>-<index>-`` with the
+  ``batch.kubernetes.io/job-completion-index`` label.
+- kubeflow/katib v0.19.0: a trial's Job is owned by its Trial (``kind: Trial``,
+  ``apiVersion: kubeflow.org/v1beta1``, pkg/webhook/v1beta1/pod/const.go) and named as it
+  (pkg/controller.v1beta1/trial/trial_controller.go, reconcileJob). Katib's pod webhook
+  (pkg/webhook/v1beta1/pod/inject_webhook.go, Mutate; utils.go, mutatePodMetadata) copies the
+  Trial's labels onto each pod (``katib.kubeflow.org/experiment`` among them) and adds
+  ``katib.kubeflow.org/trial`` with the Trial's name; it also adds the metrics collector sidecar
+  (``metrics-logger-and-collector``, or ``metrics-collector``), the ``KATIB_TRIAL_NAME``
+  environment variable on the primary container, shareProcessNamespace and the metrics volume,
+  none of which asks a GPU. The predicted pod of a Trial's Job carries the trial label; the
+  Trial's own labels are not on the Job and are not foretold.
 """
 
 from __future__ import annotations
@@ -38,6 +60,21 @@ OPERATOR_NAME_LABEL = "training.kubeflow.org/operator-name"
 JOB_ROLE_LABEL = "training.kubeflow.org/job-role"
 # pkg/apis/kubeflow.org/v1/common_types.go RestartPolicyExitCode, which a pod cannot hold.
 _EXIT_CODE = "ExitCode"
+
+# kubernetes pkg/apis/batch/types.go: LegacyJobNameLabel, JobNameLabel, LegacyControllerUidLabel,
+# ControllerUidLabel, JobCompletionIndexAnnotation (also the label's key).
+BATCH_GROUP = "batch"
+BATCH_VERSION = "v1"
+BATCH_JOB_LABELS = ("job-name", "batch.kubernetes.io/job-name")
+BATCH_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
+BATCH_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# kubeflow/katib v0.19.0 pkg/webhook/v1beta1/pod/const.go (TrialKind, TrialAPIVersion) and
+# pkg/controller.v1beta1/consts/const.go (LabelTrialName).
+KATIB_TRIAL_KIND = "Trial"
+KATIB_TRIAL_API_VERSION = "kubeflow.org/v1beta1"
+KATIB_TRIAL_LABEL = "katib.kubeflow.org/trial"
+#: The replica name of a batch Job's one template, which prefixes its messages (``Job: ...``).
+BATCH_REPLICA = "Job"
 
 Replicas = Mapping[str, Any]
 MasterRole = Callable[[Replicas, str, int], bool]
@@ -69,6 +106,14 @@ class JobKind:
     master_role: MasterRole
     # MPIJob names its pods itself (newWorker, newLauncher) rather than by GenGeneralName.
     mpi: bool = False
+    group: str = JOB_GROUP
+    version: str = JOB_VERSION
+    # A batch/v1 Job: one template at spec.template, pods from the Job controller.
+    batch: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
 
 
 JOB_KINDS: Mapping[str, JobKind] = {
@@ -123,6 +168,17 @@ JOB_KINDS: Mapping[str, JobKind] = {
     )
 }
 JOB_PLURALS = frozenset(k.plural for k in JOB_KINDS.values())
+#: batch/v1 Job, as Katib creates its trials (and as any user may).
+BATCH_JOB = JobKind(
+    "Job",
+    "jobs",
+    "template",
+    "job-controller",
+    lambda replicas, replica, index: False,
+    group=BATCH_GROUP,
+    version=BATCH_VERSION,
+    batch=True,
+)
 
 
 class JobShapeError(ValueError):
@@ -141,10 +197,15 @@ class ReplicaTemplate:
 
 
 def job_kind(obj: Mapping[str, Any]) -> JobKind | None:
-    """The Training Operator kind of ``obj``, or None for anything else."""
+    """The Training Operator kind of ``obj``, :data:`BATCH_JOB` for a batch/v1 Job, or None for
+    anything else."""
     kind = obj.get("kind")
     api_version = obj.get("apiVersion", f"{JOB_GROUP}/{JOB_VERSION}")
-    if not isinstance(kind, str) or api_version != f"{JOB_GROUP}/{JOB_VERSION}":
+    if not isinstance(kind, str):
+        return None
+    if kind == BATCH_JOB.kind and api_version == BATCH_JOB.api_version:
+        return BATCH_JOB
+    if api_version != f"{JOB_GROUP}/{JOB_VERSION}":
         return None
     return JOB_KINDS.get(kind)
 
@@ -167,6 +228,8 @@ def replica_templates(job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
     spec = job.get("spec")
     if not isinstance(spec, Mapping):
         raise JobShapeError(f"{kind.kind} has no spec")
+    if kind.batch:
+        return (_batch_template(spec),)
     replicas = spec.get(kind.replica_field)
     where = f"spec.{kind.replica_field}"
     if replicas is None:
@@ -196,10 +259,74 @@ def replica_templates(job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
     return tuple(found)
 
 
+def _batch_template(spec: Mapping[str, Any]) -> ReplicaTemplate:
+    template = spec.get("template")
+    if not isinstance(template, Mapping):
+        raise JobShapeError("spec.template must be an object")
+    if not isinstance(template.get("spec", {}), Mapping):
+        raise JobShapeError("spec.template.spec must be an object")
+    count = spec.get("parallelism", 1)
+    return ReplicaTemplate(
+        BATCH_REPLICA,
+        ("spec", "template"),
+        template,
+        None,
+        count if isinstance(count, int) and not isinstance(count, bool) else 1,
+    )
+
+
+def trial_of(job: Mapping[str, Any]) -> str | None:
+    """The Katib Trial that owns ``job``, by name, or None."""
+    meta = job.get("metadata")
+    owners = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    for owner in owners if isinstance(owners, list) else ():
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("kind") == KATIB_TRIAL_KIND
+            and owner.get("apiVersion") == KATIB_TRIAL_API_VERSION
+            and isinstance(owner.get("name"), str)
+        ):
+            return str(owner["name"])
+    return None
+
+
+def _indexed(job: Mapping[str, Any]) -> bool:
+    spec = job.get("spec")
+    return isinstance(spec, Mapping) and spec.get("completionMode") == "Indexed"
+
+
+def _batch_labels(job: Mapping[str, Any], index: int) -> dict[str, str]:
+    """What the API server (job-name, controller-uid), the Job controller (the completion index)
+    and Katib's pod webhook (the trial) add to a batch Job's pod."""
+    spec = job.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    labels: dict[str, str] = {}
+    if spec.get("manualSelector") is not True:
+        meta = job.get("metadata")
+        uid = meta.get("uid") if isinstance(meta, Mapping) else None
+        labels |= dict.fromkeys(BATCH_JOB_LABELS, _name(job))
+        labels |= dict.fromkeys(BATCH_UID_LABELS, uid if isinstance(uid, str) else "")
+        # generateSelector keeps the values a template already has (validation then judges them).
+        template = spec.get("template")
+        meta = template.get("metadata") if isinstance(template, Mapping) else None
+        own = meta.get("labels") if isinstance(meta, Mapping) else None
+        for key in BATCH_JOB_LABELS + BATCH_UID_LABELS:
+            if isinstance(own, Mapping) and isinstance(own.get(key), str):
+                labels[key] = own[key]
+    if _indexed(job):
+        labels[BATCH_INDEX_LABEL] = str(index)
+    trial = trial_of(job)
+    if trial is not None:
+        labels[KATIB_TRIAL_LABEL] = trial
+    return labels
+
+
 def controller_labels(job: Mapping[str, Any], replica: str, index: int = 0) -> dict[str, str]:
     """The labels the kind's controller puts on the pod of ``replica`` number ``index``."""
     kind = job_kind(job)
     assert kind is not None
+    if kind.batch:
+        return _batch_labels(job, index)
     spec = job.get("spec")
     replicas = spec.get(kind.replica_field, {}) if isinstance(spec, Mapping) else {}
     labels = {
@@ -228,6 +355,8 @@ def distinct_indices(job: Mapping[str, Any], replica: ReplicaTemplate) -> tuple[
 def pod_name(job: Mapping[str, Any], replica: str, index: int = 0) -> str:
     kind = job_kind(job)
     name = _name(job)
+    if kind is not None and kind.batch:
+        return f"{name}-{index}-" if _indexed(job) else f"{name}-"
     if kind is not None and kind.mpi and replica == "Launcher":
         return f"{name}-launcher"
     return f"{name}-{replica.lower()}-{index}"
@@ -246,7 +375,11 @@ def replica_pod(
         **(labels if isinstance(labels, Mapping) else {}),
         **controller_labels(job, replica.name, index),
     }
-    meta["name"] = pod_name(job, replica.name, index)
+    kind = job_kind(job)
+    # The Job controller names its pods by generateName (CreatePodsWithGenerateName).
+    meta["generateName" if kind is not None and kind.batch else "name"] = pod_name(
+        job, replica.name, index
+    )
     meta["namespace"] = namespace
     spec = dict(template.get("spec") or {})
     if replica.restart_policy is not None:
