@@ -39,8 +39,9 @@ batch/v1 Jobs (Katib's trials among them) have one template, ``spec.template``. 
   ``katib.kubeflow.org/trial`` with the Trial's name; it also adds the metrics collector sidecar
   (``metrics-logger-and-collector``, or ``metrics-collector``), the ``KATIB_TRIAL_NAME``
   environment variable on the primary container, shareProcessNamespace and the metrics volume,
-  none of which asks a GPU. The predicted pod of a Trial's Job carries the trial label; the
-  Trial's own labels are not on the Job and are not foretold.
+  none of which asks a GPU. The predicted pod of a job a Trial owns (a batch Job or a Training
+  Operator job) carries the trial label; the Trial's own labels are not on the job and are not
+  foretold.
 """
 
 from __future__ import annotations
@@ -296,8 +297,8 @@ def _indexed(job: Mapping[str, Any]) -> bool:
 
 
 def _batch_labels(job: Mapping[str, Any], index: int) -> dict[str, str]:
-    """What the API server (job-name, controller-uid), the Job controller (the completion index)
-    and Katib's pod webhook (the trial) add to a batch Job's pod."""
+    """What the API server (job-name, controller-uid) and the Job controller (the completion
+    index) add to a batch Job's pod."""
     spec = job.get("spec")
     spec = spec if isinstance(spec, Mapping) else {}
     labels: dict[str, str] = {}
@@ -315,14 +316,21 @@ def _batch_labels(job: Mapping[str, Any], index: int) -> dict[str, str]:
                 labels[key] = own[key]
     if _indexed(job):
         labels[BATCH_INDEX_LABEL] = str(index)
+    return labels
+
+
+def controller_labels(job: Mapping[str, Any], replica: str, index: int = 0) -> dict[str, str]:
+    """The labels the kind's controller puts on the pod of ``replica`` number ``index``."""
+    labels = _controller_labels(job, replica, index)
+    # Katib's pod webhook labels every pod of a Trial's job, whatever its kind (getKatibJob
+    # follows the pod's owners up to the Trial).
     trial = trial_of(job)
     if trial is not None:
         labels[KATIB_TRIAL_LABEL] = trial
     return labels
 
 
-def controller_labels(job: Mapping[str, Any], replica: str, index: int = 0) -> dict[str, str]:
-    """The labels the kind's controller puts on the pod of ``replica`` number ``index``."""
+def _controller_labels(job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
     kind = job_kind(job)
     assert kind is not None
     if kind.batch:
