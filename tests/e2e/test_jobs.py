@@ -236,3 +236,37 @@ def test_the_api_server_sends_the_jobs_the_twin_says(
         create_job(pytorchjobs, job)
         after = gpuwarden.server.requests_answered(endpoint="mutate")
         assert after - before == (1 if sent else 0), job["metadata"]["name"]
+
+
+def test_batch_jobs_reach_the_job_webhooks_only_when_they_ask_for_gpus(
+    gpuwarden: WebhookStack,
+) -> None:
+    """A Katib trial's Job is mutated at submit and an over-limit one refused with ``Job: ...``;
+    a batch Job of CPU pods is never sent (the chart's CEL against its Python twin)."""
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    batch: Any = k8s_client.BatchV1Api(gpuwarden.api)
+    trial = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "katib-trial-job.yaml").read_text())
+    trial["metadata"] = {"name": f"trial-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    cpu = copy.deepcopy(trial)
+    cpu["metadata"]["name"] += "-cpu"
+    cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    for job, sent in ((cpu, False), (trial, True)):
+        assert job_needs_review(job) is sent
+        before = gpuwarden.server.requests_answered(endpoint="mutate")
+        batch.create_namespaced_job(ns, job)
+        after = gpuwarden.server.requests_answered(endpoint="mutate")
+        assert after - before == (1 if sent else 0), job["metadata"]["name"]
+    stored = batch.read_namespaced_job(trial["metadata"]["name"], ns)
+    (container,) = stored.spec.template.spec.containers
+    assert "nvidia.com/gpu" not in (container.resources.limits or {})
+    assert stored.spec.template.metadata.annotations["gpuwarden.io/profile"]
+    over = copy.deepcopy(trial)
+    over["metadata"]["name"] += "-over"
+    over["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "64"}
+    }
+    with pytest.raises(ApiException) as refused:
+        batch.create_namespaced_job(ns, over)
+    assert "denied the request: Job: gpuwarden denied the pod: " in api_error(refused.value)[1]
+    for job in (cpu, trial):
+        batch.delete_namespaced_job(job["metadata"]["name"], ns)
