@@ -416,3 +416,70 @@ def test_only_batch_jobs_that_ask_for_gpus_reach_the_job_webhooks() -> None:
     cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
     assert not job_needs_review(cpu)  # every other batch Job in the cluster is never sent
     assert not job_needs_review({**job, "apiVersion": "batch/v2"})
+
+
+def experiment() -> dict[str, Any]:
+    found: dict[str, Any] = read_yaml(EXAMPLES / "jobs" / "katib-experiment.yaml")
+    return found
+
+
+def test_an_experiments_batch_trial_template_is_decided_and_mutated_for_its_trials(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """An Experiment whose trialSpec is a batch Job: its template decided as the pod of a
+    trial's Job (the Trial's labels, the Experiment's among them), and mutated, so the Job Katib
+    makes of it for each trial needs no further change."""
+    exp = experiment()
+    exp["metadata"]["labels"] = {"team": "vision"}
+    (replica,) = jobs.replica_templates(exp)
+    assert replica.path == ("spec", "trialTemplate", "trialSpec", "spec", "template")
+    pod = jobs.replica_pod(exp, replica, "tenant-a")
+    labels = pod["metadata"]["labels"]
+    assert labels["katib.kubeflow.org/experiment"] == "random-search"
+    assert labels["katib.kubeflow.org/trial"] == "random-search-trial"
+    assert labels["team"] == "vision"
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.allowed and result.mutation.rule == "rule/katib-trials"
+    mutated = result.pod["spec"]["trialTemplate"]["trialSpec"]
+    limits = mutated["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" not in limits
+    # Katib's trial: the trialSpec with its parameters replaced, named and owned by the Trial.
+    trial = copy.deepcopy(dict(mutated))
+    trial["metadata"] = {
+        "name": "random-search-8hq2v4xk",
+        "labels": {"team": "vision"},
+        "ownerReferences": [
+            {
+                "apiVersion": "kubeflow.org/v1beta1",
+                "kind": "Trial",
+                "name": "random-search-8hq2v4xk",
+            }
+        ],
+    }
+    again = admit_job(create(trial), default_policies, cluster)
+    assert again.allowed and again.mutation.patch == ()
+    # Over the tenant's limit: refused at submit, before any trial.
+    over = experiment()
+    container = over["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    container["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
+    denied = admit_job(create(over, "tenant-b"), default_policies, cluster)
+    assert denied.validation.message.startswith("Trial: gpuwarden denied the pod: ")
+
+
+def test_experiments_the_job_webhooks_do_not_judge() -> None:
+    """Trial templates of other kinds, or whose resources trial parameters set, are judged per
+    trial; the CEL twin sends only batch trialSpecs that ask for GPUs."""
+    exp = experiment()
+    assert job_needs_review(exp)
+    parameterised = experiment()
+    spec = parameterised["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "${trialParameters.gpus}"
+    assert jobs.replica_templates(parameterised) == ()
+    other = experiment()
+    other["spec"]["trialTemplate"]["trialSpec"] = {**job_of("PyTorchJob")}
+    assert jobs.replica_templates(other) == ()
+    assert not job_needs_review(other)
+    cpu = experiment()
+    spec = cpu["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"] = {}
+    assert not job_needs_review(cpu)

@@ -42,6 +42,16 @@ batch/v1 Jobs (Katib's trials among them) have one template, ``spec.template``. 
   none of which asks a GPU. The predicted pod of a job a Trial owns (a batch Job or a Training
   Operator job) carries the trial label; the Trial's own labels are not on the job and are not
   foretold.
+
+A Katib Experiment (``kubeflow.org/v1beta1``) whose ``spec.trialTemplate.trialSpec`` is a batch
+Job is read as that Job's one template, at ``spec.trialTemplate.trialSpec.spec.template``. Katib
+v0.19.0 makes each trial from it (pkg/controller.v1beta1/experiment/experiment_controller_util.go,
+createTrialInstance; manifest/generator.go, GetRunSpecWithHyperParameters: the ``${trialParameters.*}``
+placeholders replaced, the Job named as the Trial, ``<experiment>-<8 random characters>``), and
+the Trial's labels are the Experiment's labels plus ``katib.kubeflow.org/experiment``
+(pkg/controller.v1beta1/util/labels.go, TrialLabels), which Katib's pod webhook copies onto the
+pods. The predicted pod is that Job's, for a trial named ``<experiment>-trial``. A template whose
+resources are set by trial parameters is not judged here: each trial is, as Katib creates its Job.
 """
 
 from __future__ import annotations
@@ -74,6 +84,12 @@ BATCH_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
 KATIB_TRIAL_KIND = "Trial"
 KATIB_TRIAL_API_VERSION = "kubeflow.org/v1beta1"
 KATIB_TRIAL_LABEL = "katib.kubeflow.org/trial"
+KATIB_EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
+KATIB_VERSION = "v1beta1"
+#: The name the predicted pod of an Experiment's trial template gives its trial (Katib names
+#: each trial ``<experiment>-<8 random characters>``).
+TRIAL_STAND_IN = "{experiment}-trial"
+_TRIAL_PARAMETER = "${trialParameters."
 #: The replica name of a batch Job's one template, which prefixes its messages (``Job: ...``).
 BATCH_REPLICA = "Job"
 
@@ -111,6 +127,8 @@ class JobKind:
     version: str = JOB_VERSION
     # A batch/v1 Job: one template at spec.template, pods from the Job controller.
     batch: bool = False
+    # A Katib Experiment: its trialSpec's template, as the pods of each trial's Job.
+    experiment: bool = False
 
     @property
     def api_version(self) -> str:
@@ -168,7 +186,17 @@ JOB_KINDS: Mapping[str, JobKind] = {
         ),
     )
 }
-JOB_PLURALS = frozenset(k.plural for k in JOB_KINDS.values())
+#: Katib's Experiment, judged by its trial template where that is a batch Job.
+EXPERIMENT = JobKind(
+    "Experiment",
+    "experiments",
+    "trialTemplate",
+    "experiment-controller",
+    lambda replicas, replica, index: False,
+    version=KATIB_VERSION,
+    experiment=True,
+)
+JOB_PLURALS = frozenset(k.plural for k in (*JOB_KINDS.values(), EXPERIMENT))
 #: batch/v1 Job, as Katib creates its trials (and as any user may).
 BATCH_JOB = JobKind(
     "Job",
@@ -206,6 +234,8 @@ def job_kind(obj: Mapping[str, Any]) -> JobKind | None:
         return None
     if kind == BATCH_JOB.kind and api_version == BATCH_JOB.api_version:
         return BATCH_JOB
+    if kind == EXPERIMENT.kind and api_version == EXPERIMENT.api_version:
+        return EXPERIMENT
     if api_version != f"{JOB_GROUP}/{JOB_VERSION}":
         return None
     return JOB_KINDS.get(kind)
@@ -231,6 +261,8 @@ def replica_templates(job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
         raise JobShapeError(f"{kind.kind} has no spec")
     if kind.batch:
         return (_batch_template(spec),)
+    if kind.experiment:
+        return _trial_templates(job)
     replicas = spec.get(kind.replica_field)
     where = f"spec.{kind.replica_field}"
     if replicas is None:
@@ -274,6 +306,67 @@ def _batch_template(spec: Mapping[str, Any]) -> ReplicaTemplate:
         None,
         count if isinstance(count, int) and not isinstance(count, bool) else 1,
     )
+
+
+def trial_spec(experiment: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """An Experiment's ``spec.trialTemplate.trialSpec`` when it is a batch Job, else None (a
+    trialSpec of another kind, or one in a ConfigMap, is judged as Katib creates each trial)."""
+    spec = experiment.get("spec")
+    template = spec.get("trialTemplate") if isinstance(spec, Mapping) else None
+    trial = template.get("trialSpec") if isinstance(template, Mapping) else None
+    if not isinstance(trial, Mapping) or job_kind(trial) is not BATCH_JOB:
+        return None
+    return trial
+
+
+def _parameterised(template: Mapping[str, Any]) -> bool:
+    """Whether trial parameters set a container's resources, known only per trial."""
+    spec = template.get("spec")
+    for field in ("containers", "initContainers"):
+        items = spec.get(field) if isinstance(spec, Mapping) else None
+        for c in items if isinstance(items, list) else ():
+            if isinstance(c, Mapping) and _TRIAL_PARAMETER in str(c.get("resources")):
+                return True
+    return False
+
+
+def _trial_templates(experiment: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
+    trial = trial_spec(experiment)
+    if trial is None:
+        return ()
+    spec = trial.get("spec")
+    if not isinstance(spec, Mapping):
+        raise JobShapeError("spec.trialTemplate.trialSpec has no spec")
+    try:
+        template = _batch_template(spec)
+    except JobShapeError as exc:
+        raise JobShapeError(f"spec.trialTemplate.trialSpec.{exc}") from None
+    if _parameterised(template.template):
+        return ()
+    return (
+        ReplicaTemplate(
+            "Trial",
+            ("spec", "trialTemplate", "trialSpec", *template.path),
+            template.template,
+            None,
+            template.replicas,
+        ),
+    )
+
+
+def _trial_job(experiment: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The Job Katib creates for a trial of ``experiment``: its trialSpec, named as a stand-in
+    trial that owns it."""
+    trial = trial_spec(experiment) or {}
+    name = TRIAL_STAND_IN.format(experiment=_name(experiment))
+    owner = {"apiVersion": KATIB_TRIAL_API_VERSION, "kind": KATIB_TRIAL_KIND, "name": name}
+    return {**trial, "metadata": {"name": name, "ownerReferences": [owner]}}
+
+
+def _pod_job(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The job whose controller creates the pods: an Experiment's trial Job, else the job."""
+    kind = job_kind(job)
+    return _trial_job(job) if kind is not None and kind.experiment else job
 
 
 def trial_of(job: Mapping[str, Any]) -> str | None:
@@ -321,10 +414,16 @@ def _batch_labels(job: Mapping[str, Any], index: int) -> dict[str, str]:
 
 def controller_labels(job: Mapping[str, Any], replica: str, index: int = 0) -> dict[str, str]:
     """The labels the kind's controller puts on the pod of ``replica`` number ``index``."""
-    labels = _controller_labels(job, replica, index)
+    made_by = _pod_job(job)
+    labels = _controller_labels(made_by, replica, index)
     # Katib's pod webhook labels every pod of a Trial's job, whatever its kind (getKatibJob
-    # follows the pod's owners up to the Trial).
-    trial = trial_of(job)
+    # follows the pod's owners up to the Trial), with the Trial's labels and name.
+    if made_by is not job:
+        meta = job.get("metadata")
+        own = meta.get("labels") if isinstance(meta, Mapping) else None
+        labels |= {str(k): str(v) for k, v in (own if isinstance(own, Mapping) else {}).items()}
+        labels[KATIB_EXPERIMENT_LABEL] = _name(job)
+    trial = trial_of(made_by)
     if trial is not None:
         labels[KATIB_TRIAL_LABEL] = trial
     return labels
@@ -361,6 +460,7 @@ def distinct_indices(job: Mapping[str, Any], replica: ReplicaTemplate) -> tuple[
 
 
 def pod_name(job: Mapping[str, Any], replica: str, index: int = 0) -> str:
+    job = _pod_job(job)
     kind = job_kind(job)
     name = _name(job)
     if kind is not None and kind.batch:
@@ -383,7 +483,7 @@ def replica_pod(
         **(labels if isinstance(labels, Mapping) else {}),
         **controller_labels(job, replica.name, index),
     }
-    kind = job_kind(job)
+    kind = job_kind(_pod_job(job))
     # The Job controller names its pods by generateName (CreatePodsWithGenerateName).
     meta["generateName" if kind is not None and kind.batch else "name"] = pod_name(
         job, replica.name, index

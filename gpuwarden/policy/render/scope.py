@@ -474,6 +474,14 @@ JOB_CEL = " || ".join(
         f'(request.kind.group == "{jobs.BATCH_GROUP}" && '
         f'request.kind.kind == "{jobs.BATCH_JOB.kind}" && has(object.spec) && '
         f"has(object.spec.template) && ({_template_cel('object.spec.template')}))",
+        # A Katib Experiment whose trialSpec is a batch Job: that Job's template.
+        f'(request.kind.kind == "{jobs.EXPERIMENT.kind}" && has(object.spec) && '
+        "has(object.spec.trialTemplate) && has(object.spec.trialTemplate.trialSpec) && "
+        f"has(object.spec.trialTemplate.trialSpec.kind) && "
+        f'object.spec.trialTemplate.trialSpec.kind == "{jobs.BATCH_JOB.kind}" && '
+        "has(object.spec.trialTemplate.trialSpec.spec) && "
+        "has(object.spec.trialTemplate.trialSpec.spec.template) && "
+        f"({_template_cel('object.spec.trialTemplate.trialSpec.spec.template')}))",
     ]
 )
 
@@ -509,6 +517,13 @@ def job_needs_review(job: Mapping[str, Any]) -> bool:
         return False
     if kind.batch:
         return _template_needs(spec.get("template"))
+    if kind.experiment:
+        template = spec.get("trialTemplate")
+        trial = template.get("trialSpec") if isinstance(template, dict) else None
+        if not isinstance(trial, dict) or trial.get("kind") != jobs.BATCH_JOB.kind:
+            return False
+        inner = trial.get("spec")
+        return isinstance(inner, dict) and _template_needs(inner.get("template"))
     replicas = spec.get(kind.replica_field)
     if not isinstance(replicas, dict):
         return False
