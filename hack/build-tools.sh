@@ -16,7 +16,7 @@
 # Binaries land in a cache outside the repository:
 #   ${GPUWARDEN_CACHE_DIR:-$HOME/.cache/gpuwarden-e2e}/<tool>-<version>/<binary>
 # and ${cache}/tools.env is rewritten on every run with KUBE_APISERVER=, ETCD=,
-# KUBECTL=, HELM=, KUBE_SCHEDULER=, KWOK=, KUEUE=, PROMTOOL=, PROMETHEUS= and TRAINING_OPERATOR=
+# KUBECTL=, HELM=, KUBE_SCHEDULER=, KUBE_CONTROLLER_MANAGER=, KWOK=, KUEUE=, PROMTOOL=, PROMETHEUS= and TRAINING_OPERATOR=
 # lines (absolute paths). Go's module
 # and build caches stay in their defaults (~/go/pkg/mod, ~/.cache/go-build), so rebuilds are
 # warm; the lab reads Kueue's CRDs and webhook manifests from its module there.
@@ -55,6 +55,7 @@ kubectl="$cache/kubectl-$KUBERNETES_VERSION/kubectl"
 etcd="$cache/etcd-$ETCD_VERSION/etcd"
 helm="$cache/helm-$HELM_VERSION/helm"
 kube_scheduler="$cache/kube-scheduler-$KUBERNETES_VERSION/kube-scheduler"
+kube_controller_manager="$cache/kube-controller-manager-$KUBERNETES_VERSION/kube-controller-manager"
 kwok="$cache/kwok-$KWOK_VERSION/kwok"
 kueue="$cache/kueue-$KUEUE_VERSION/kueue"
 promtool="$cache/promtool-$PROMETHEUS_VERSION/promtool"
@@ -69,6 +70,7 @@ write_env() {
 		echo "KUBECTL=$kubectl"
 		echo "HELM=$helm"
 		echo "KUBE_SCHEDULER=$kube_scheduler"
+		echo "KUBE_CONTROLLER_MANAGER=$kube_controller_manager"
 		echo "KWOK=$kwok"
 		echo "KUEUE=$kueue"
 		echo "PROMTOOL=$promtool"
@@ -224,7 +226,7 @@ main() {
 	# Fast path: everything cached, nothing to build, no Go invocation at all.
 	if [[ -x "$kube_apiserver" && -x "$kubectl" && -x "$etcd" && -x "$helm" &&
 		-x "$kube_scheduler" && -x "$kwok" && -x "$kueue" && -x "$promtool" &&
-		-x "$prometheus" && -x "$training_operator" ]]; then
+		-x "$prometheus" && -x "$training_operator" && -x "$kube_controller_manager" ]]; then
 		write_env
 		log "all tools cached in $cache"
 		cat "$cache/tools.env"
@@ -250,6 +252,11 @@ main() {
 	fi
 	if [[ ! -x "$kube_scheduler" ]]; then
 		timed "kube-scheduler $KUBERNETES_VERSION" build_kube "$kube_scheduler" k8s.io/kubernetes/cmd/kube-scheduler
+	fi
+	# The Job controller, for Katib trials as batch Jobs in the lab (tests/e2e/test_katib_kueue.py).
+	if [[ ! -x "$kube_controller_manager" ]]; then
+		timed "kube-controller-manager $KUBERNETES_VERSION" build_kube "$kube_controller_manager" \
+			k8s.io/kubernetes/cmd/kube-controller-manager
 	fi
 	if [[ ! -x "$kwok" ]]; then
 		timed "kwok $KWOK_VERSION" build_kwok

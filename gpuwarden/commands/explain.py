@@ -107,7 +107,10 @@ def _explain_job(
     out.write(f"{item.request.pod.get('kind')} {item.label} ({item.source})\n")
     for replica in result.replicas:
         pod = replica.pod
-        out.write(f"  replica {replica.replica.name}: pod {pod['metadata']['name']}\n")
+        meta = pod["metadata"]
+        # A batch Job's pods are named by generateName (<job>-<random>).
+        name = meta.get("name") or f"{meta.get('generateName', '')}<random>"
+        out.write(f"  replica {replica.replica.name}: pod {name}\n")
         request = item.request._replace(operation="CREATE", pod=pod, old_pod=None)
         _explain_pod(_Indented(out), request, policies, cluster, default_action)
     out.write(f"  changes:  {len(result.mutation.patch)} patch operation(s) to the job\n")

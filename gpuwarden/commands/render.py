@@ -66,6 +66,13 @@ def register(parser: argparse.ArgumentParser) -> None:
         "cohort), its GPU pools' ResourceFlavors and a LocalQueue 'default' per tenant namespace",
     )
     parser.add_argument(
+        "--job-webhooks",
+        action="store_true",
+        help="with --kueue: the job webhooks run (the chart's webhook.jobs, on by default), so "
+        "Training Operator jobs and Katib trials reach Kueue with their pod templates mutated to "
+        "what the pods ask; without it, rules that rewrite those pods' GPUs are refused",
+    )
+    parser.add_argument(
         "--check-quotas",
         action="append",
         default=[],
@@ -209,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
         quotas=not args.no_quotas,
         queues=not args.no_queues,
         kueue=args.kueue,
+        job_webhooks=args.job_webhooks,
     )
     rendering = render(policies, options)
     for error in rendering.errors:

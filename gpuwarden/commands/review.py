@@ -131,8 +131,8 @@ def review_for(doc: Any, where: str, namespace: str | None) -> dict[str, Any]:
     pods = {"group": "", "version": "v1", "resource": "pods"}
     if job is not None:
         # A job is sent as the API server sends it to the job webhooks: its own kind and plural.
-        pod_kind = {"group": jobs.JOB_GROUP, "version": jobs.JOB_VERSION, "kind": job.kind}
-        pods = {"group": jobs.JOB_GROUP, "version": jobs.JOB_VERSION, "resource": job.plural}
+        pod_kind = {"group": job.group, "version": job.version, "kind": job.kind}
+        pods = {"group": job.group, "version": job.version, "resource": job.plural}
     return {
         "apiVersion": API_VERSION,
         "kind": "AdmissionReview",

@@ -9,6 +9,7 @@ the pod webhooks unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import uuid
@@ -49,23 +50,28 @@ def pytorchjob_crd() -> Obj:
     """A structural CRD for kubeflow.org/v1 PyTorchJob that keeps whatever the spec holds (the
     names as pkg/apis/kubeflow.org/v1/pytorch_types.go of the Training Operator v1.8.1 gives
     them; its own CRD types every field, which nothing here needs)."""
+    return keeping_crd("PyTorchJob", PLURAL, VERSION)
+
+
+def keeping_crd(kind: str, plural: str, version: str) -> Obj:
+    """A structural kubeflow.org CRD of ``kind`` whose spec and status keep any fields."""
     keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
             "names": {
-                "kind": "PyTorchJob",
-                "listKind": "PyTorchJobList",
-                "plural": PLURAL,
-                "singular": "pytorchjob",
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
             },
             "scope": "Namespaced",
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": version,
                     "served": True,
                     "storage": True,
                     "schema": {
@@ -243,3 +249,88 @@ def test_the_api_server_sends_the_jobs_the_twin_says(
         create_job(pytorchjobs, job)
         after = gpuwarden.server.requests_answered(endpoint="mutate")
         assert after - before == (1 if sent else 0), job["metadata"]["name"]
+
+
+def test_batch_jobs_reach_the_job_webhooks_only_when_they_ask_for_gpus(
+    gpuwarden: WebhookStack,
+) -> None:
+    """A Katib trial's Job is mutated at submit and an over-limit one refused with ``Job: ...``;
+    a batch Job of CPU pods is never sent (the chart's CEL against its Python twin)."""
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    batch: Any = k8s_client.BatchV1Api(gpuwarden.api)
+    trial = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "katib-trial-job.yaml").read_text())
+    trial["metadata"] = {"name": f"trial-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    cpu = copy.deepcopy(trial)
+    cpu["metadata"]["name"] += "-cpu"
+    cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    for job, sent in ((cpu, False), (trial, True)):
+        assert job_needs_review(job) is sent
+        before = gpuwarden.server.requests_answered(endpoint="mutate")
+        batch.create_namespaced_job(ns, job)
+        after = gpuwarden.server.requests_answered(endpoint="mutate")
+        assert after - before == (1 if sent else 0), job["metadata"]["name"]
+    stored = batch.read_namespaced_job(trial["metadata"]["name"], ns)
+    (container,) = stored.spec.template.spec.containers
+    assert "nvidia.com/gpu" not in (container.resources.limits or {})
+    assert stored.spec.template.metadata.annotations["gpuwarden.io/profile"]
+    over = copy.deepcopy(trial)
+    over["metadata"]["name"] += "-over"
+    over["spec"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "64"}
+    }
+    with pytest.raises(ApiException) as refused:
+        batch.create_namespaced_job(ns, over)
+    assert "denied the request: Job: gpuwarden denied the pod: " in api_error(refused.value)[1]
+    for job in (cpu, trial):
+        batch.delete_namespaced_job(job["metadata"]["name"], ns)
+
+
+def test_an_experiments_batch_trial_template_is_judged_at_submit(gpuwarden: WebhookStack) -> None:
+    """A Katib Experiment (a CRD that keeps its spec, as Katib v0.19's names it) whose trialSpec
+    is a batch Job asking for a GPU: sent, stored with the template mutated, refused over the
+    limit with ``Trial: ...``; one of CPU trials is never sent."""
+    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
+    with contextlib.suppress(ApiException):
+        extensions.create_custom_resource_definition(
+            keeping_crd("Experiment", "experiments", "v1beta1")
+        )
+    objects: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
+    wait_for(
+        "the Experiment CRD to be served",
+        lambda: objects.list_cluster_custom_object(GROUP, "v1beta1", "experiments") is not None,
+        timeout=30,
+    )
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    exp = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "katib-experiment.yaml").read_text())
+    exp["metadata"] = {"name": f"hpo-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    trial_pod = ("spec", "trialTemplate", "trialSpec", "spec", "template", "spec")
+    cpu = copy.deepcopy(exp)
+    cpu["metadata"]["name"] += "-cpu"
+    _at(cpu, trial_pod)["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    for job, sent in ((cpu, False), (exp, True)):
+        assert job_needs_review(job) is sent
+        before = gpuwarden.server.requests_answered(endpoint="mutate")
+        objects.create_namespaced_custom_object(GROUP, "v1beta1", ns, "experiments", job)
+        after = gpuwarden.server.requests_answered(endpoint="mutate")
+        assert after - before == (1 if sent else 0), job["metadata"]["name"]
+    stored = objects.get_namespaced_custom_object(
+        GROUP, "v1beta1", ns, "experiments", exp["metadata"]["name"]
+    )
+    (container,) = _at(stored, trial_pod)["containers"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    over = copy.deepcopy(exp)
+    over["metadata"]["name"] += "-over"
+    _at(over, trial_pod)["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "64"}}
+    with pytest.raises(ApiException) as refused:
+        objects.create_namespaced_custom_object(GROUP, "v1beta1", ns, "experiments", over)
+    assert "denied the request: Trial: gpuwarden denied the pod: " in api_error(refused.value)[1]
+    for job in (cpu, exp):
+        objects.delete_namespaced_custom_object(
+            GROUP, "v1beta1", ns, "experiments", job["metadata"]["name"]
+        )
+
+
+def _at(obj: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj

@@ -348,3 +348,171 @@ def test_job_templates_too_large_to_look_into_are_sent_unread() -> None:
         grow(grown)
         assert job_needs_review(grown)
     assert not job_needs_review({**job_of("TFJob"), "kind": "PyTorchJob"})
+
+
+# --- batch/v1 Jobs: Katib's trials -----------------------------------------------------------
+
+
+def trial_job() -> dict[str, Any]:
+    job: dict[str, Any] = read_yaml(EXAMPLES / "jobs" / "katib-trial-job.yaml")
+    return job
+
+
+def test_a_katib_trial_job_is_decided_as_its_pod_and_its_template_mutated(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """The pod the Job controller creates for a Trial's Job: the API server's job-name and
+    controller-uid labels, Katib's trial label (from the Trial that owns the Job), generateName;
+    the rule for katib-trial pods gives it its profile, and the template carries what it gets."""
+    job = trial_job()
+    (replica,) = jobs.replica_templates(job)
+    assert (replica.name, replica.path) == ("Job", ("spec", "template"))
+    pod = jobs.replica_pod(job, replica, "tenant-a")
+    assert pod["metadata"]["generateName"] == "random-search-x9z4m2kt-"
+    assert pod["metadata"]["labels"] == {
+        "job-name": "random-search-x9z4m2kt",
+        "batch.kubernetes.io/job-name": "random-search-x9z4m2kt",
+        # The uid exists only once the API server stored the Job (after the mutating webhooks).
+        "controller-uid": "",
+        "batch.kubernetes.io/controller-uid": "",
+        "katib.kubeflow.org/trial": "random-search-x9z4m2kt",
+    }
+    result = admit_job(create(job), default_policies, cluster)
+    assert result.allowed
+    assert result.mutation.rule == "rule/katib-trials"
+    assert "gpuwarden: Job: profile batch-hpo via rule/katib-trials (tenant tenant-a)" in (
+        result.mutation.warnings
+    )
+    template = result.pod["spec"]["template"]
+    # The controller's and Katib's labels stay out of the template; gpuwarden's keys go in.
+    assert "labels" not in template["metadata"]
+    assert template["metadata"]["annotations"]["gpuwarden.io/profile"] == "batch-hpo"
+    limits = template["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" not in limits and limits["volcano.sh/vgpu-number"] == "1"
+    # The pod the Job controller then creates (and Katib's webhook labels) needs no change.
+    (mutated,) = jobs.replica_templates(result.pod)
+    again = admit(
+        AdmissionRequest("CREATE", "tenant-a", jobs.replica_pod(result.pod, mutated, "tenant-a")),
+        default_policies,
+        cluster,
+    )
+    assert again.allowed and again.mutation.patch == ()
+
+
+def test_a_stored_jobs_labels_and_uid_are_those_of_its_pods() -> None:
+    """While validating (after the API server's generateSelector) the Job has its uid and the
+    template its labels: the pod is predicted with them; a manual selector adds none."""
+    job = trial_job()
+    job["metadata"]["uid"] = "0f9e8d7c-0000-4000-8000-00000000abcd"
+    job["spec"]["template"]["metadata"]["labels"] = {"job-name": "mine"}
+    job["spec"]["completionMode"] = "Indexed"
+    (replica,) = jobs.replica_templates(job)
+    pod = jobs.replica_pod(job, replica, "tenant-a", 3)
+    labels = pod["metadata"]["labels"]
+    assert labels["job-name"] == "mine"
+    assert labels["batch.kubernetes.io/job-name"] == "random-search-x9z4m2kt"
+    assert labels["controller-uid"] == "0f9e8d7c-0000-4000-8000-00000000abcd"
+    assert labels["batch.kubernetes.io/job-completion-index"] == "3"
+    assert pod["metadata"]["generateName"] == "random-search-x9z4m2kt-3-"
+    job["spec"]["manualSelector"] = True
+    labels = jobs.replica_pod(job, replica, "tenant-a")["metadata"]["labels"]
+    assert "controller-uid" not in labels and "batch.kubernetes.io/job-name" not in labels
+
+
+def test_a_trials_pytorchjob_is_decided_as_a_katib_trial(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """Katib's pod webhook labels the pods of any job a Trial owns, a PyTorchJob's too."""
+    job = pytorchjob()
+    job["metadata"]["ownerReferences"] = trial_job()["metadata"]["ownerReferences"]
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 1
+    result = admit_job(create(job), default_policies, cluster)
+    assert {r.admission.mutation.rule for r in result.replicas} == {"rule/katib-trials"}
+
+
+def test_an_over_limit_trial_job_is_denied_with_the_jobs_message(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    job = trial_job()
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
+    result = admit_job(create(job, "tenant-b"), default_policies, cluster)
+    assert not result.allowed
+    assert result.validation.message.startswith("Job: gpuwarden denied the pod: ")
+    assert "tenant tenant-b allows at most 2 per pod" in result.validation.message
+
+
+def test_only_batch_jobs_that_ask_for_gpus_reach_the_job_webhooks() -> None:
+    job = trial_job()
+    assert job_needs_review(job)
+    cpu = copy.deepcopy(job)
+    cpu["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert not job_needs_review(cpu)  # every other batch Job in the cluster is never sent
+    assert not job_needs_review({**job, "apiVersion": "batch/v2"})
+
+
+def experiment() -> dict[str, Any]:
+    found: dict[str, Any] = read_yaml(EXAMPLES / "jobs" / "katib-experiment.yaml")
+    return found
+
+
+def test_an_experiments_batch_trial_template_is_decided_and_mutated_for_its_trials(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """An Experiment whose trialSpec is a batch Job: its template decided as the pod of a
+    trial's Job (the Trial's labels, the Experiment's among them), and mutated, so the Job Katib
+    makes of it for each trial needs no further change."""
+    exp = experiment()
+    exp["metadata"]["labels"] = {"team": "vision"}
+    (replica,) = jobs.replica_templates(exp)
+    assert replica.path == ("spec", "trialTemplate", "trialSpec", "spec", "template")
+    pod = jobs.replica_pod(exp, replica, "tenant-a")
+    labels = pod["metadata"]["labels"]
+    assert labels["katib.kubeflow.org/experiment"] == "random-search"
+    assert labels["katib.kubeflow.org/trial"] == "random-search-trial"
+    assert labels["team"] == "vision"
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.allowed and result.mutation.rule == "rule/katib-trials"
+    mutated = result.pod["spec"]["trialTemplate"]["trialSpec"]
+    limits = mutated["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert "nvidia.com/gpu" not in limits
+    # Katib's trial: the trialSpec with its parameters replaced, named and owned by the Trial.
+    trial = copy.deepcopy(dict(mutated))
+    trial["metadata"] = {
+        "name": "random-search-8hq2v4xk",
+        "labels": {"team": "vision"},
+        "ownerReferences": [
+            {
+                "apiVersion": "kubeflow.org/v1beta1",
+                "kind": "Trial",
+                "name": "random-search-8hq2v4xk",
+            }
+        ],
+    }
+    again = admit_job(create(trial), default_policies, cluster)
+    assert again.allowed and again.mutation.patch == ()
+    # Over the tenant's limit: refused at submit, before any trial.
+    over = experiment()
+    container = over["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    container["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
+    denied = admit_job(create(over, "tenant-b"), default_policies, cluster)
+    assert denied.validation.message.startswith("Trial: gpuwarden denied the pod: ")
+
+
+def test_experiments_the_job_webhooks_do_not_judge() -> None:
+    """Trial templates of other kinds, or whose resources trial parameters set, are judged per
+    trial; the CEL twin sends only batch trialSpecs that ask for GPUs."""
+    exp = experiment()
+    assert job_needs_review(exp)
+    parameterised = experiment()
+    spec = parameterised["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "${trialParameters.gpus}"
+    assert jobs.replica_templates(parameterised) == ()
+    other = experiment()
+    other["spec"]["trialTemplate"]["trialSpec"] = {**job_of("PyTorchJob")}
+    assert jobs.replica_templates(other) == ()
+    assert not job_needs_review(other)
+    cpu = experiment()
+    spec = cpu["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
+    spec["containers"][0]["resources"] = {}
+    assert not job_needs_review(cpu)

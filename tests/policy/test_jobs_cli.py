@@ -89,3 +89,25 @@ def test_review_sends_a_job_as_its_own_kind() -> None:
     assert request["kind"] == {"group": "kubeflow.org", "version": "v1", "kind": "PyTorchJob"}
     assert request["resource"]["resource"] == "pytorchjobs"
     assert request["namespace"] == "tenant-a"
+
+
+def test_apply_explain_and_review_take_a_katib_trials_batch_job(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    trial = EXAMPLES / "jobs" / "katib-trial-job.yaml"
+    code, out, err = run(capsys, "apply", *DRY_RUN, "-o", "pods", str(trial))
+    assert code == 0, err
+    assert (
+        "tenant-a/random-search-x9z4m2kt Job: allowed (profile batch-hpo via rule/katib-trials)"
+        in err
+    )
+    (pod,) = yaml.safe_load_all(out)
+    assert pod["metadata"]["generateName"] == "random-search-x9z4m2kt-"
+    assert pod["metadata"]["labels"]["katib.kubeflow.org/trial"] == "random-search-x9z4m2kt"
+    code, out, _ = run(capsys, "explain", *DRY_RUN, str(trial))
+    assert code == 0
+    assert "  replica Job: pod random-search-x9z4m2kt-<random>\n" in out
+    assert "workload: katib-trial random-search-x9z4m2kt" in out
+    request = review_for(yaml.safe_load(trial.read_text()), "trial.yaml", None)["request"]
+    assert request["kind"] == {"group": "batch", "version": "v1", "kind": "Job"}
+    assert request["resource"]["resource"] == "jobs"

@@ -19,6 +19,8 @@ from gpuwarden.policy import AdmissionRequest, ClusterView, admit, load_texts
 from gpuwarden.policy.lint import lint_errors
 from gpuwarden.policy.render.kueue import PODSET_LABEL
 
+from .support import POLICIES
+
 POLICY = """\
 apiVersion: gpuwarden.io/v1alpha1
 kind: GPUPolicy
@@ -175,3 +177,50 @@ def test_render_kueue_refuses_what_kueue_would_charge_differently() -> None:
     assert any("rule training" in e and "two-gpus" in e for e in bad.errors), bad.errors
     good = render(load_texts([("p.yaml", _policy(CONSISTENT_RULES))]), RenderOptions(kueue=True))
     assert not good.errors
+
+
+def test_render_kueue_with_the_job_webhooks_accepts_shared_trials_where_templates_are_mutated() -> (
+    None
+):
+    """With the job webhooks on, a Katib trial's Job or a Training Operator job reaches Kueue
+    with its templates asking what its pods will (issue 30): a shared profile for trials is then
+    charged as the pods use it. A tenant that keeps its job templates is still refused, and so
+    is every such rule while the job webhooks are off, saying how to fix it."""
+    from gpuwarden.policy.render.objects import RenderOptions, render
+
+    rules = """\
+    - {name: training, match: {kind: training-job}, profile: two-gpus, requireGpuRequest: true}
+    - {name: trials, match: {kind: katib-trial}, profile: shared, requireGpuRequest: true}"""
+    policies = load_texts([("p.yaml", _policy(rules))])
+    off = render(policies, RenderOptions(kueue=True))
+    assert len(off.errors) == 2
+    assert all("pass --job-webhooks" in e for e in off.errors), off.errors
+    on = render(policies, RenderOptions(kueue=True, job_webhooks=True))
+    assert not on.errors
+    kept = load_texts([("p.yaml", _policy(rules, KUEUE_QUEUED + "\n      jobTemplates: keep"))])
+    refused = render(kept, RenderOptions(kueue=True, job_webhooks=True)).errors
+    assert len(refused) == 2
+    assert all("keeps its job templates as written (jobTemplates: keep)" in e for e in refused)
+    # TrainJobs are not mutated at submit, and a rule that gives a GPU to a replica asking none
+    # is wrong either way (the job webhooks never see a job without GPUs).
+    rules = (
+        "    - {name: trainers, match: {kind: trainjob}, profile: shared, requireGpuRequest: true}"
+    )
+    (error,) = render(
+        load_texts([("p.yaml", _policy(rules))]), RenderOptions(kueue=True, job_webhooks=True)
+    ).errors
+    assert "Kueue admits TrainJobs" in error and "--job-webhooks" not in error
+    rules = "    - {name: trials, match: {kind: katib-trial}, profile: whole}"
+    (error,) = render(
+        load_texts([("p.yaml", _policy(rules))]), RenderOptions(kueue=True, job_webhooks=True)
+    ).errors
+    assert "set requireGpuRequest: true" in error
+
+
+def test_render_kueue_on_the_default_policy(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped default policy (Katib trials share GPUs) is refused without the job webhooks
+    and rendered with them."""
+    assert main(["render", "-p", str(POLICIES), "--kueue"]) != 0
+    assert "rule katib-trials gives katib-trial pods profile batch-hpo" in capsys.readouterr().err
+    assert main(["render", "-p", str(POLICIES), "--kueue", "--job-webhooks"]) == 0
+    assert "kind: ClusterQueue" in capsys.readouterr().out

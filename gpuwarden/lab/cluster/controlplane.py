@@ -71,7 +71,13 @@ _POLL_INTERVAL = 0.1
 _LOG_TAIL_LINES = 40
 _PORT_IN_USE = "address already in use"
 # tools.env lines that may be missing (a cache built before the scheduling lab existed).
-_OPTIONAL_TOOLS = ("KUBE_SCHEDULER", "KWOK", "KUEUE", "TRAINING_OPERATOR")
+_OPTIONAL_TOOLS = (
+    "KUBE_SCHEDULER",
+    "KWOK",
+    "KUEUE",
+    "TRAINING_OPERATOR",
+    "KUBE_CONTROLLER_MANAGER",
+)
 
 
 class ToolsMissingError(RuntimeError):
@@ -96,7 +102,7 @@ def cache_dir() -> Path:
 class Tools:
     """Absolute paths of the binaries built by hack/build-tools.sh.
 
-    kube-scheduler, kwok, kueue and the Training Operator are None in a tools.env written
+    kube-scheduler, kwok, kueue, the Training Operator and kube-controller-manager are None in a tools.env written
     before they were built; only the scheduling lab and the job suites need them (and say so).
     """
 
@@ -108,6 +114,7 @@ class Tools:
     kwok: Path | None = None
     kueue: Path | None = None
     training_operator: Path | None = None
+    kube_controller_manager: Path | None = None
 
     @classmethod
     def load(cls, cache: Path | None = None) -> Tools:
@@ -141,6 +148,7 @@ class Tools:
             kwok=paths.get("KWOK"),
             kueue=paths.get("KUEUE"),
             training_operator=paths.get("TRAINING_OPERATOR"),
+            kube_controller_manager=paths.get("KUBE_CONTROLLER_MANAGER"),
         )
 
 
@@ -158,6 +166,18 @@ def build_tools(*, stdout: IO[str] | None = None) -> Tools:
         stderr=subprocess.STDOUT if stdout is not None else None,
     )
     return Tools.load()
+
+
+def self_signed_ok(url: str) -> bool:
+    """Whether a component's own health endpoint on loopback answers 200. kube-scheduler and
+    kube-controller-manager serve it with a self-signed certificate that nothing here needs to
+    trust."""
+    insecure = ssl.create_default_context()
+    insecure.check_hostname = False
+    insecure.verify_mode = ssl.CERT_NONE
+    with urllib.request.urlopen(url, timeout=2, context=insecure) as response:
+        status: int = response.status
+    return status == 200
 
 
 def free_ports(count: int) -> list[int]:

@@ -64,6 +64,10 @@ CONFIG_API = "config.kueue.x-k8s.io/v1beta2"
 METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")
 #: The pod integration's webhooks (Kueue's kubebuilder markers name them so).
 POD_WEBHOOKS = frozenset({"mpod.kb.io", "vpod.kb.io"})
+#: Kueue's integration for batch/v1 Jobs (Katib's trials) and its webhooks
+#: (pkg/controller/jobs/job/job_webhook.go).
+BATCH_JOB_FRAMEWORK = "batch/job"
+BATCH_JOB_WEBHOOKS = frozenset({"mjob.kb.io", "vjob.kb.io"})
 #: Namespaces Kueue's kustomization keeps away from its pod webhooks.
 _UNMANAGED_NAMESPACES = ("kube-system", "kueue-system")
 _CRD_DIR = Path("config/components/crd/bases")
@@ -207,15 +211,19 @@ def crd_schema(crds: Sequence[Mapping[str, Any]], kind: str, version: str) -> di
     raise KeyError(f"no CRD for {kind} {version}")
 
 
-def webhook_configurations(module: Path, *, url: str, ca_bundle: bytes) -> list[dict[str, Any]]:
-    """Kueue's webhook configurations for its own kinds and plain pods, called by URL."""
+def webhook_configurations(
+    module: Path, *, url: str, ca_bundle: bytes, jobs: bool = False
+) -> list[dict[str, Any]]:
+    """Kueue's webhook configurations for its own kinds and plain pods (with ``jobs``, batch/v1
+    Jobs too), called by URL."""
     docs = [d for d in yaml.safe_load_all((module / _WEBHOOK_MANIFESTS).read_text()) if d]
+    integrations = POD_WEBHOOKS | (BATCH_JOB_WEBHOOKS if jobs else frozenset())
     configs: list[dict[str, Any]] = []
     for doc in docs:
         kept: list[dict[str, Any]] = []
         for hook in doc.get("webhooks") or []:
             groups = {g for rule in hook.get("rules") or [] for g in rule.get("apiGroups") or []}
-            if hook["name"] not in POD_WEBHOOKS and KUEUE_API.split("/")[0] not in groups:
+            if hook["name"] not in integrations and KUEUE_API.split("/")[0] not in groups:
                 continue
             path = hook["clientConfig"]["service"]["path"]
             hook = {
@@ -280,6 +288,8 @@ class Kueue:
     module: Path
     startup_timeout: float = 120.0
     extra_config: Mapping[str, Any] = field(default_factory=dict)
+    # batch/v1 Jobs as an integration besides plain pods (its webhooks registered too).
+    jobs: bool = False
 
     def __post_init__(self) -> None:
         self._process: Process | None = None
@@ -307,7 +317,7 @@ class Kueue:
                 webhook_port=webhook_port,
                 cert_dir=workdir / "webhook-certs",
                 health_port=health_port,
-                extra=self.extra_config,
+                extra=self._config(),
             )
             (workdir / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
             argv = [
@@ -326,11 +336,23 @@ class Kueue:
 
             self.plane.poll("kueue /readyz", ready, [self._process], deadline)
             self._webhooks = webhook_configurations(
-                self.module, url=f"https://127.0.0.1:{webhook_port}", ca_bundle=ca.cert_pem
+                self.module,
+                url=f"https://127.0.0.1:{webhook_port}",
+                ca_bundle=ca.cert_pem,
+                jobs=self.jobs,
             )
             _install_webhooks(api, self._webhooks)
         finally:
             api.close()  # type: ignore[no-untyped-call]
+
+    def _config(self) -> dict[str, Any]:
+        if not self.jobs:
+            return dict(self.extra_config)
+        frameworks = [*configuration_requirements()["integrations"]["frameworks"]]
+        return {
+            "integrations": {"frameworks": [*frameworks, BATCH_JOB_FRAMEWORK]},
+            **self.extra_config,
+        }
 
     def stop(self) -> None:
         """Unregister the webhooks (they fail closed), then stop the manager."""
@@ -455,9 +477,19 @@ def kueue_binary(tools: Tools) -> Path:
 
 @contextlib.contextmanager
 def running_kueue(
-    plane: ControlPlane, tools: Tools, *, extra_config: Mapping[str, Any] | None = None
+    plane: ControlPlane,
+    tools: Tools,
+    *,
+    extra_config: Mapping[str, Any] | None = None,
+    jobs: bool = False,
 ) -> Iterator[Kueue]:
-    kueue = Kueue(plane, kueue_binary(tools), module_dir(), extra_config=dict(extra_config or {}))
+    kueue = Kueue(
+        plane,
+        kueue_binary(tools),
+        module_dir(),
+        extra_config=dict(extra_config or {}),
+        jobs=jobs,
+    )
     try:
         kueue.start()
         yield kueue

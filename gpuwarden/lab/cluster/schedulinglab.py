@@ -10,9 +10,7 @@ itself never chooses a node.
 from __future__ import annotations
 
 import contextlib
-import ssl
 import time
-import urllib.request
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ from gpuwarden.lab.cluster.controlplane import (
     Tools,
     ToolsMissingError,
     free_ports,
+    self_signed_ok,
 )
 from gpuwarden.lab.cluster.nodes import POOL_LABEL, GpuNodePool
 from gpuwarden.lab.cluster.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE, lab_stages
@@ -119,19 +118,13 @@ class SchedulingLab:
                 f"--manage-nodes-with-annotation-selector={NODE_ANNOTATION}={NODE_ANNOTATION_VALUE}",
             ],
         )
-        # The scheduler's serving certificate is self-signed: /readyz says it has synced its
-        # informers and is scheduling, nothing here needs to trust it.
-        insecure = ssl.create_default_context()
-        insecure.check_hostname = False
-        insecure.verify_mode = ssl.CERT_NONE
-
-        def scheduler_ready() -> bool:
-            url = f"https://127.0.0.1:{port}/readyz"
-            with urllib.request.urlopen(url, timeout=2, context=insecure) as response:
-                status: int = response.status
-            return status == 200
-
-        self.plane.poll("kube-scheduler /readyz", scheduler_ready, self.processes, deadline)
+        # /readyz says the scheduler has synced its informers and is scheduling.
+        self.plane.poll(
+            "kube-scheduler /readyz",
+            lambda: self_signed_ok(f"https://127.0.0.1:{port}/readyz"),
+            self.processes,
+            deadline,
+        )
 
     def stop(self) -> None:
         """Stop KWOK, then the scheduler (the control plane stays up)."""

@@ -33,7 +33,7 @@ from gpuwarden.policy.spec.policyset import PolicySet
 _PREFIX = "gpuwarden: "
 # Pod fields the controller writes itself: a pod patch that touched them has no template twin.
 _CONTROLLER_FIELDS = frozenset(
-    {"/metadata/name", "/metadata/namespace"}
+    {"/metadata/name", "/metadata/generateName", "/metadata/namespace"}
     | {
         f"/metadata/labels/{escape(key)}"
         for key in (
@@ -42,6 +42,10 @@ _CONTROLLER_FIELDS = frozenset(
             jobs.REPLICA_INDEX_LABEL,
             jobs.OPERATOR_NAME_LABEL,
             jobs.JOB_ROLE_LABEL,
+            *jobs.BATCH_JOB_LABELS,
+            *jobs.BATCH_UID_LABELS,
+            jobs.BATCH_INDEX_LABEL,
+            jobs.KATIB_TRIAL_LABEL,
         )
     }
 )
@@ -141,7 +145,7 @@ def admit_job(
     default_action: EnforcementAction = "enforce",
     enforcing: bool = False,
 ) -> JobAdmission:
-    """Admit a Training Operator job (``request.pod`` holds it) as its controller's pods will be:
+    """Admit a Training Operator job or a batch/v1 Job (``request.pod`` holds it) as its controller's pods will be:
     each replica's pod through the pod pipeline (mutate, then validate the mutated pod), under
     the enforcementAction each pod would get; with ``enforcing``, as enforcing would, whatever
     the enforcementAction (what `gpuwarden audit` asks)."""

@@ -67,7 +67,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES, GPU_RESOURCES
 from gpuwarden.policy.spec.backends import SHARING_STRATEGY_LABEL, BackendPlan, plan_for
@@ -108,6 +108,12 @@ TEMPLATE_ADMITTED_KINDS = {
     "trainjob": "TrainJobs",
     "katib-trial": "Katib trials (a Job or a Training Operator job)",
 }
+#: Of those, the kinds whose jobs the job webhooks mutate at submit (docs/jobs.md): Training
+#: Operator v1 jobs, and Katib trials as batch/v1 Jobs or Training Operator jobs. Kueue builds a
+#: job's Workload from the stored job (its reconciler calls the job's PodSets(), e.g.
+#: pkg/controller/jobs/job/job_controller.go in v0.17), after every admission webhook, so it
+#: charges the mutated templates. TrainJobs are not mutated yet.
+SUBMIT_MUTATED_KINDS = frozenset({"training-job", "katib-trial"})
 #: fairSharing.preemptionStrategies: Kueue's Configuration refuses fairSharing without one of
 #: its valid sets (validateFairSharing in pkg/config/validation.go); this is its sample's.
 FAIR_SHARING_STRATEGIES = ("LessThanOrEqualToFinalShare", "LessThanInitialShare")
@@ -654,7 +660,10 @@ def template_rewrite(profile: ResolvedProfile, plan: BackendPlan | None) -> Temp
 
 
 def _template_charge_error(
-    rule: WorkloadRule, profile: ResolvedProfile, plan: BackendPlan | None
+    rule: WorkloadRule,
+    profile: ResolvedProfile,
+    plan: BackendPlan | None,
+    submit: SubmitMutation,
 ) -> str | None:
     kind = rule.match.kind
     jobs = TEMPLATE_ADMITTED_KINDS[kind]
@@ -663,11 +672,12 @@ def _template_charge_error(
         "they ask for"
     )
     rewrite = template_rewrite(profile, plan)
-    if rewrite is not None:
+    if rewrite is not None and submit != "mutated":
         return (
             f"rule {rule.name} gives {kind} pods profile {profile.name}, and {rewrite.why}: "
             f"{charged}, but each pod asks for {rewrite.asked}; give these pods a whole-GPU "
             "profile that sets no gpus (gpuwarden then keeps the template's request)"
+            + _SUBMIT_HINTS[submit]
         )
     wants_gpu = rule.require_gpu_request or rule.max_gpu_request is not None
     if plan is not None and not wants_gpu:
@@ -680,11 +690,41 @@ def _template_charge_error(
     return None
 
 
-def template_charge_errors(policies: PolicySet, tenants: Iterable[Tenant]) -> list[str]:
+#: Whether a rule's job templates are mutated at submit: "unknown" (lint cannot tell), "off"
+#: (the job webhooks are off), "kept" (on, but the tenant keeps its job templates as written),
+#: "mutated" (Kueue then charges what the pods ask).
+SubmitMutation = Literal["unknown", "off", "kept", "mutated"]
+_SUBMIT_HINTS: Mapping[SubmitMutation, str] = {
+    "unknown": "",
+    "off": (
+        ", or turn on the job webhooks (chart value webhook.jobs, on by default) and pass "
+        "--job-webhooks: they mutate the templates at submit, so Kueue charges what the pods ask"
+    ),
+    "kept": (
+        "; the job webhooks do not help here: the tenant keeps its job templates as written "
+        "(jobTemplates: keep), so Kueue charges the templates as written"
+    ),
+    "mutated": "",
+}
+
+
+def _submit_mutation(kind: str, tenant: Tenant, job_webhooks: bool | None) -> SubmitMutation:
+    if job_webhooks is None or kind not in SUBMIT_MUTATED_KINDS:
+        return "unknown"
+    if not job_webhooks:
+        return "off"
+    return "kept" if tenant.job_templates == "keep" else "mutated"
+
+
+def template_charge_errors(
+    policies: PolicySet, tenants: Iterable[Tenant], *, job_webhooks: bool | None = None
+) -> list[str]:
     """For the tenants whose pods Kueue queues: each rule for the kinds Kueue admits from a job's
     pod templates (:data:`TEMPLATE_ADMITTED_KINDS`) whose profile makes the pods ask for other
     GPUs than the templates, which is what Kueue charged. Tenants with the same problem share a
-    line."""
+    line. ``job_webhooks``: whether the job webhooks run (None: not known, as for lint); where
+    they do, a tenant's jobs of :data:`SUBMIT_MUTATED_KINDS` reach Kueue with the templates
+    already asking what the pods will, unless the tenant keeps its job templates."""
     found: dict[str, list[str]] = {}
     for tenant in tenants:
         allowed = tenant.limits.allowed_profiles
@@ -695,7 +735,8 @@ def template_charge_errors(policies: PolicySet, tenants: Iterable[Tenant]) -> li
                 continue  # such pods are denied (lint warns about the rule)
             profile = policies.resolve(rule.profile, tenant)
             plan = plan_for(profile, queue=tenant.queue) if profile.gpus > 0 else None
-            text = _template_charge_error(rule, profile, plan)
+            submit = _submit_mutation(rule.match.kind, tenant, job_webhooks)
+            text = _template_charge_error(rule, profile, plan, submit)
             if text is not None:
                 found.setdefault(text, []).append(tenant.name)
     return [

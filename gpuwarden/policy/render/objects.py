@@ -64,6 +64,9 @@ class RenderOptions:
     quotas: bool = True
     queues: bool = True
     kueue: bool = False  # Kueue ClusterQueues, ResourceFlavors and LocalQueues
+    # Whether the job webhooks mutate job templates at submit (the chart's webhook.jobs), so
+    # Kueue charges Training Operator jobs and Katib trials what their pods ask.
+    job_webhooks: bool = False
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,7 @@ def render(policies: PolicySet, options: RenderOptions | None = None) -> Renderi
     if options.queues:
         out.objects += _volcano_queues(policies, out)
     if options.kueue:
-        out.objects += _kueue_queues(policies, out)
+        out.objects += _kueue_queues(policies, out, job_webhooks=options.job_webhooks)
     _memory_scaling_notes(policies, out)
     for obj in out.objects:
         if obj["kind"] == "ResourceQuota":
@@ -519,7 +522,7 @@ def kueue_configuration_note() -> str:
     )
 
 
-def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
+def _kueue_queues(policies: PolicySet, out: _Out, *, job_webhooks: bool) -> list[dict[str, Any]]:
     """ResourceFlavors, then a ClusterQueue per tenant with a quota or queueSpec, then the
     LocalQueues that point each tenant namespace at it."""
     queues: list[kueue.TenantQueue] = []
@@ -540,7 +543,9 @@ def _kueue_queues(policies: PolicySet, out: _Out) -> list[dict[str, Any]]:
             out.note(note)
         queues.append(queue)
     # What Kueue charges a job's template must be what its pods ask after gpuwarden.
-    out.errors += kueue.template_charge_errors(policies, [q.tenant for q in queues])
+    out.errors += kueue.template_charge_errors(
+        policies, [q.tenant for q in queues], job_webhooks=job_webhooks
+    )
     if not queues:
         return []
     reclaim, warnings = kueue.reclaim_within_cohort(queues)

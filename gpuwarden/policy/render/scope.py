@@ -427,8 +427,12 @@ def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
 
 # --- Kubeflow jobs --------------------------------------------------------------------------
 
-#: The job webhooks' first condition: the Training Operator's group only.
-JOBS_ONLY_CEL = f'request.kind.group == "{jobs.JOB_GROUP}"'
+#: The job webhooks' first condition: the Training Operator's group, and batch/v1 Jobs (Katib's
+#: trials).
+JOBS_ONLY_CEL = (
+    f'request.kind.group == "{jobs.JOB_GROUP}" || (request.kind.group == "{jobs.BATCH_GROUP}" '
+    f'&& request.kind.kind == "{jobs.BATCH_JOB.kind}")'
+)
 
 
 def _template_cel(template: str) -> str:
@@ -468,13 +472,30 @@ def _template_cel(template: str) -> str:
 #: scope on purpose: the pod webhooks still judge every pod the job's controller creates (its
 #: escapes, and GPUs a rule gives to pods that ask for none); the job webhooks foretell and
 #: refuse early what GPU jobs will get.
+#: A batch/v1 Job is judged on the same terms (its one template at spec.template): a Katib trial's
+#: Job, or any Job, that asks for GPUs; every other batch Job in the cluster is never sent.
 JOB_CEL = " || ".join(
-    f'(request.kind.kind == "{kind.kind}" && has(object.spec) && '
-    f"has(object.spec.{kind.replica_field}) && (size(object.spec.{kind.replica_field}) > "
-    f"{MAX_REPLICA_TYPES} || object.spec.{kind.replica_field}.exists(r, "
-    f"has(object.spec.{kind.replica_field}[r].template) && "
-    f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')}))))"
-    for kind in jobs.JOB_KINDS.values()
+    [
+        *(
+            f'(request.kind.kind == "{kind.kind}" && has(object.spec) && '
+            f"has(object.spec.{kind.replica_field}) && (size(object.spec.{kind.replica_field}) > "
+            f"{MAX_REPLICA_TYPES} || object.spec.{kind.replica_field}.exists(r, "
+            f"has(object.spec.{kind.replica_field}[r].template) && "
+            f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')}))))"
+            for kind in jobs.JOB_KINDS.values()
+        ),
+        f'(request.kind.group == "{jobs.BATCH_GROUP}" && '
+        f'request.kind.kind == "{jobs.BATCH_JOB.kind}" && has(object.spec) && '
+        f"has(object.spec.template) && ({_template_cel('object.spec.template')}))",
+        # A Katib Experiment whose trialSpec is a batch Job: that Job's template.
+        f'(request.kind.kind == "{jobs.EXPERIMENT.kind}" && has(object.spec) && '
+        "has(object.spec.trialTemplate) && has(object.spec.trialTemplate.trialSpec) && "
+        f"has(object.spec.trialTemplate.trialSpec.kind) && "
+        f'object.spec.trialTemplate.trialSpec.kind == "{jobs.BATCH_JOB.kind}" && '
+        "has(object.spec.trialTemplate.trialSpec.spec) && "
+        "has(object.spec.trialTemplate.trialSpec.spec.template) && "
+        f"({_template_cel('object.spec.trialTemplate.trialSpec.spec.template')}))",
+    ]
 )
 
 
@@ -514,6 +535,15 @@ def job_needs_review(job: Mapping[str, Any]) -> bool:
     spec = job.get("spec")
     if kind is None or not isinstance(spec, dict):
         return False
+    if kind.batch:
+        return _template_needs(spec.get("template"))
+    if kind.experiment:
+        template = spec.get("trialTemplate")
+        trial = template.get("trialSpec") if isinstance(template, dict) else None
+        if not isinstance(trial, dict) or trial.get("kind") != jobs.BATCH_JOB.kind:
+            return False
+        inner = trial.get("spec")
+        return isinstance(inner, dict) and _template_needs(inner.get("template"))
     replicas = spec.get(kind.replica_field)
     if not isinstance(replicas, dict):
         return False
