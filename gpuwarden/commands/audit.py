@@ -47,6 +47,9 @@ pods, under enforce. Exit status 1 when some pod or job would be denied. See doc
 Result = Literal["fail", "warn", "pass", "skip"]
 # The phases of pods that hold nothing any more: judged as skipped.
 _FINISHED = frozenset({"Succeeded", "Failed"})
+# The conditions of jobs that run no pod any more: a Training Operator job's or a Katib
+# Experiment's Succeeded and Failed, a batch Job's Complete and Failed.
+_JOB_FINISHED = frozenset({"Succeeded", "Failed", "Complete"})
 # Patch paths a table line names before it counts the rest.
 _PATHS_SHOWN = 3
 POLICY_REPORT_VERSION = "wgpolicyk8s.io/v1alpha2"
@@ -183,7 +186,7 @@ def _job_finished(job: Mapping[str, Any]) -> str:
     for condition in conditions if isinstance(conditions, list) else ():
         if (
             isinstance(condition, Mapping)
-            and condition.get("type") in _FINISHED
+            and condition.get("type") in _JOB_FINISHED
             and condition.get("status") == "True"
         ):
             return str(condition["type"])
