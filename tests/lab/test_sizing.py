@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import pytest
+
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.lab.planning.plan import plan_strategy
-from gpuwarden.lab.planning.sizing import WholeDemand, size_mps_nodes
+from gpuwarden.lab.planning.sizing import WholeDemand, shared_gpu_hours, size_mps_nodes
 from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 
 HOUR = 3600.0
@@ -53,7 +55,7 @@ def test_a_saturated_trace_splits_the_gpus_by_the_work_each_pool_is_asked() -> N
     # GPU-hours asked: 16 of the 64 GPUs, 2 nodes.
     sized = size_mps_nodes([8] * 8, 200, WholeDemand(100, 8, 300.0), 4, shared_hours=100.0)
     assert sized.nodes == 2
-    assert "split by the GPU-hours asked, 100 shared to 300 whole" in sized.note
+    assert "split by the GPU-hours held, 100 shared to 300 whole" in sized.note
 
 
 def _trial(row: int, at: float) -> TraceRow:
@@ -89,3 +91,14 @@ def test_the_default_policy_on_a_mixed_node_list_sizes_by_the_nodes_it_picks() -
         "MPS nodes sized to its shared demand: 4 of 5, 14 GPUs (at most 48 slices asked at "
         "once, 4 per GPU)",
     )
+
+
+def test_a_capped_trial_holds_its_slice_longer_than_its_duration() -> None:
+    # The default policy shares a Katib trial under a 25% SM cap: at busy 0.8 it runs at
+    # 0.25 / 0.8 of its speed, so its hour of work holds a quarter GPU for 3.2 hours.
+    strategy = next(
+        s for s in builtin_strategies(REPO_ROOT / "policies") if s.name == "default-policy"
+    )
+    rows = [_trial(1, 0.0)]
+    plan = plan_strategy(strategy, Layout(), rows, default_namespaces())
+    assert shared_gpu_hours(rows, plan.decisions, 4) == pytest.approx(3.2 / 4)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import Admission
 
@@ -75,8 +75,22 @@ def whole_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -
 def shared_gpu_hours(
     rows: Sequence[TraceRow], decisions: Mapping[int, Admission], replicas: int
 ) -> float:
-    """Physical GPU-hours the strategy's shared pods ask (a slice is 1/replicas of a GPU)."""
-    return sum(r.duration * s for r, s in _shared_rows(rows, decisions)) / 3600 / replicas
+    """Physical GPU-hours the strategy's shared pods hold their slices (a slice is 1/replicas
+    of a GPU): a service for its lifetime, a batch pod for its work at the speed its MPS
+    thread percentage allows (a trial at busy 0.8 capped at 25% of the SMs holds its slice
+    3.2 times its duration)."""
+    held = 0.0
+    for row in rows:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            continue
+        _, slices = pod_devices(decision.pod)
+        if not slices:
+            continue
+        cap = mps_sm_share(decision.pod)
+        speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
+        held += slices * row.duration / max(speed, 1e-3)
+    return held / 3600 / replicas
 
 
 @dataclass(frozen=True)
@@ -103,8 +117,8 @@ def size_mps_nodes(
     * **Never starve whole GPUs**: where the shared peak's GPUs (``slices / replicas``) and the
       whole-GPU pods' peak fit in the cluster together, the nodes left whole hold that peak.
       Where they do not (a saturated trace), the pools split the GPUs in proportion to the
-      GPU-hours each is asked (``shared_hours`` and ``whole.gpu_hours``: each pool then
-      carries the same load for its size), the MPS pool rounded to the nearest node.
+      GPU-hours each pool's pods hold (``shared_hours``, see :func:`shared_gpu_hours`, and
+      ``whole.gpu_hours``: each pool then carries the same load for its size), the MPS pool rounded to the nearest node.
     * Either way the nodes left whole hold the largest whole-GPU pod and are never none while
       whole-GPU pods exist; and anything shared gets at least one node.
     """
@@ -137,7 +151,7 @@ def size_mps_nodes(
         target = total * shared_hours / work if work else 0.0
         nodes = min(needed, min(allowed, key=lambda n: (abs(cumulative[n - 1] - target), n)))
         why = (
-            f"; both peaks do not fit in {total} GPUs: split by the GPU-hours asked, "
+            f"; both peaks do not fit in {total} GPUs: split by the GPU-hours held, "
             f"{shared_hours:,.0f} shared to {whole.gpu_hours:,.0f} whole"
         )
     return MpsSizing(
