@@ -422,7 +422,7 @@ def run(args: argparse.Namespace) -> int:
                 "mpsNodes": "auto" if plan.layout.mps_nodes is None else plan.layout.mps_nodes,
                 "mpsReplicas": plan.layout.mps_replicas,
             },
-            "strategies": [r.as_json() for r in reports],
+            "strategies": [r.as_json(load) for r in reports],
         }
         sys.stdout.write(json.dumps(body, indent=2) + "\n")
     else:

@@ -112,7 +112,7 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
 def plan_load(plan: Plan) -> TraceLoad:
     """The trace's offered load and peak demand on the plan's cluster."""
     return trace_load(
-        ((r.at, r.duration, r.gpus) for r in plan.rows),
+        ((r.at, r.duration, r.gpus, r.busy) for r in plan.rows),
         physical_gpus=plan.layout.physical_gpus,
         horizon=plan.horizon,
     )

@@ -151,6 +151,13 @@ def test_default_policy_lets_a_whole_node_job_preempt_smaller_training(
     assert default["tenants"]["data-team"]["deliveredGpuHours"] == pytest.approx(16, abs=0.5)
     # The victims lose at most the half hour since their last checkpoint.
     assert 0 < default["lostGpuHours"] <= 2 * 4 * 0.5 + 0.1
+    # The busy time spent on that lost work (the jobs keep their GPUs 0.9 busy) is redone, not
+    # useful: 16 GPUs for 4 hours.
+    redone = default["gpuBusyRedoneAverage"] * 16 * 4
+    assert redone == pytest.approx(0.9 * default["lostGpuHours"], rel=0.05)
+    assert default["gpuBusyUsefulAverage"] == pytest.approx(
+        default["gpuBusyAverage"] - default["gpuBusyRedoneAverage"]
+    )
     assert (free["preemptions"], free["neverPlaced"]) == (0, 1)
     assert free["tenants"]["data-team"]["deliveredGpuHours"] == 0
 

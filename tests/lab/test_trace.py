@@ -304,8 +304,8 @@ def test_the_terminal_table_shows_each_strategy_and_tenant_waits() -> None:
     busy = (1.8 * 50 / 60 + 0.8) / 16
     alloc = (2 * 50 / 60 + 1) / 16
     assert lines[3].split() == [
-        "mine", "3", "(100%)", "1/2", f"{busy:.0%}", f"{alloc:.0%}", "42%", "-", "0", "0",
-        "-", "0", "0",
+        "mine", "3", "(100%)", "1/2", f"{busy:.0%}", f"{busy:.0%}", "0.0%", "-", "-",
+        f"{alloc:.0%}", "42%", "-", "0", "0", "-", "0", "0",
     ]  # fmt: skip
     waits = lines.index("strategy                      algo-team                batch")
     assert lines[waits + 1].split() == ["mine", "10m", "/", "10m", "/", "10m", "3.0h", "/",

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuwarden.lab.cluster.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
+from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
 from gpuwarden.policy.pod.quantity import parse_quantity
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -24,6 +25,18 @@ SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 SHARED_PRODUCT_SUFFIX = "-SHARED"
 #: The label every lab node carries, with its pool's name (so a run can list its nodes).
 POOL_LABEL = "lab.gpuwarden.io/pool"
+
+
+def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
+    """The share of SMs MPS lets the pod's GPU container use (its active thread percentage)."""
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for env in container.get("env") or []:
+            if env.get("name") == ENV_MPS_THREAD_PERCENTAGE:
+                try:
+                    return min(1.0, max(0.0, float(env.get("value", "")) / 100))
+                except ValueError:
+                    return None
+    return None
 
 
 def pod_devices(pod: Mapping[str, Any]) -> tuple[int, int]:

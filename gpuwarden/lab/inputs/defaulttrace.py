@@ -21,7 +21,10 @@ cluster could do. Two more saturated weeks change the mix (each asks about the c
 week, peak above 2x): ``builtin:training-week`` (:func:`training_week`) is large training,
 PyTorchJobs of 2-8 GPUs and pipeline training of 4-8, with few notebooks and trials;
 ``builtin:interactive-week`` (:func:`interactive_week`) is many notebooks (60 a working day) and
-20 daytime predictors beside a queue of HPO trials.
+20 daytime predictors beside a queue of HPO trials. ``builtin:oversubscribed-week``
+(:func:`oversubscribed_week`) is light work asking about 1.5x the week (notebooks, predictors and
+the pipelines' data loading, at busy 0.1-0.3), with nightly 4-8 GPU pipeline training, a few
+PyTorchJobs and HPO trials beside it, its busy-weighted work well under the GPUs' time.
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class WeekShape:
     job_hours: tuple[float, float]
     job_gpus: tuple[int, ...] = (1, 2, 2, 4)  # drawn for each PyTorchJob
     train_gpus: tuple[int, ...] = (2, 4, 8, 8)  # drawn for each pipeline's training step
+    notebook_hours: tuple[float, float] = (2, 6)
+    weekend_notebooks: int = 0  # per weekend day
+    replica_gap: float = 0.25  # hours between one daytime predictor's start and the next's
 
 
 WEEK_SHAPE = WeekShape(10, 12, 14, 0, 2, (2, 6), (4, 16), (1, 3), (1, 4))
@@ -70,6 +76,24 @@ TRAINING_WEEK_SHAPE = WeekShape(
 )
 #: Interactive: many notebooks and daytime predictors beside a queue of HPO trials.
 INTERACTIVE_WEEK_SHAPE = WeekShape(12, 60, 26, 6, 20, (2, 3), (10, 16), (3, 8), (2, 6))
+#: Oversubscribed: light work (notebooks at busy 0.1, predictors at 0.3) asking about 1.5x the
+#: cluster's week, beside nightly pipelines whose training takes 4-8 GPUs, a few PyTorchJobs and
+#: HPO trials; the busy-weighted work stays well under the GPUs' time.
+OVERSUBSCRIBED_WEEK_SHAPE = WeekShape(
+    12,
+    160,
+    10,
+    0,
+    110,
+    (4, 8),
+    (4, 8),
+    (1, 3),
+    (2, 6),
+    train_gpus=(4, 8, 8),
+    notebook_hours=(4, 10),
+    weekend_notebooks=40,
+    replica_gap=0.1,
+)
 
 
 def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
@@ -132,18 +156,17 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
             )
         weekday = day < 5
         # algorithm team: office hours on weekdays, a few jobs at the weekend.
-        if weekday:
-            for _ in range(shape.notebooks):
-                add(
-                    day * DAY + rng.uniform(9, 17) * HOUR,
-                    "algo-team",
-                    "notebook",
-                    "explore",
-                    1,
-                    rng.uniform(2, 6),
-                    rng.uniform(3, 10),
-                    busy=0.1,
-                )
+        for _ in range(shape.notebooks if weekday else shape.weekend_notebooks):
+            add(
+                day * DAY + rng.uniform(9, 17) * HOUR,
+                "algo-team",
+                "notebook",
+                "explore",
+                1,
+                rng.uniform(*shape.notebook_hours),
+                rng.uniform(3, 10),
+                busy=0.1,
+            )
         for _ in range(shape.training_jobs if weekday else shape.weekend_jobs):
             add(
                 day * DAY + rng.uniform(9, 17) * HOUR,
@@ -158,7 +181,7 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
         # serving: more replicas during the day.
         for replica in range(shape.daytime_replicas):
             add(
-                day * DAY + 8 * HOUR + replica * 0.25 * HOUR,
+                day * DAY + 8 * HOUR + replica * shape.replica_gap * HOUR,
                 "serving",
                 "kserve-predictor",
                 "chat",
@@ -234,11 +257,17 @@ def interactive_week() -> list[TraceRow]:
     return _generate(INTERACTIVE_WEEK_SHAPE, _SEED)
 
 
+def oversubscribed_week() -> list[TraceRow]:
+    """``builtin:oversubscribed-week``."""
+    return _generate(OVERSUBSCRIBED_WEEK_SHAPE, _SEED)
+
+
 BUILTIN_TRACES: dict[str, Callable[[], list[TraceRow]]] = {
     "week": default_trace,
     "busy-week": busy_week,
     "training-week": training_week,
     "interactive-week": interactive_week,
+    "oversubscribed-week": oversubscribed_week,
 }
 
 

@@ -15,7 +15,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
-from gpuwarden.lab.planning.sizing import mps_nodes_for, shared_demand
+from gpuwarden.lab.planning.sizing import (
+    shared_demand,
+    shared_gpu_hours,
+    size_mps_nodes,
+    whole_demand,
+)
 from gpuwarden.lab.planning.strategies import Layout, Strategy
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
 from gpuwarden.policy.admission.manifests import priority_class
@@ -93,13 +98,14 @@ def resolve_layout(
                 "it shares GPUs but the layout has no MPS nodes: its shared pods cannot be placed"
             ]
         return layout, []
-    slices = shared_demand(rows, decisions)
-    nodes = mps_nodes_for(slices, layout.mps_gpus_per_node, layout.mps_replicas)
-    note = (
-        f"MPS nodes sized to its shared demand: {nodes} (at most {slices} slices asked at once, "
-        f"{layout.mps_replicas} per GPU)"
+    sized = size_mps_nodes(
+        layout.mps_candidates,
+        shared_demand(rows, decisions),
+        whole_demand(rows, decisions),
+        layout.mps_replicas,
+        shared_gpu_hours(rows, decisions, layout.mps_replicas),
     )
-    return replace(layout, mps_nodes=nodes), [note]
+    return replace(layout, mps_nodes=sized.nodes), [sized.note] if sized.note else []
 
 
 def plan_strategy(

@@ -4,38 +4,162 @@ trace row's pod as the policy core decided it offline, no cluster involved)."""
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
-from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import Admission
+
+
+def _decided_rows(
+    rows: Sequence[TraceRow], decisions: Mapping[int, Admission]
+) -> Iterator[tuple[TraceRow, int, int]]:
+    """Each row whose pod the strategy admits, with the whole GPUs and MPS slices it asks."""
+    for row in rows:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            continue
+        whole, slices = pod_devices(decision.pod)
+        yield row, whole, slices
 
 
 def _shared_rows(
     rows: Sequence[TraceRow], decisions: Mapping[int, Admission]
 ) -> Iterator[tuple[TraceRow, int]]:
     """Each row whose pod the strategy admits with MPS slices, and how many."""
-    for row in rows:
-        decision = decisions.get(row.row)
-        if decision is None or not decision.allowed:
-            continue
-        _, slices = pod_devices(decision.pod)
+    for row, _, slices in _decided_rows(rows, decisions):
         if slices:
             yield row, slices
 
 
-def shared_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -> int:
-    """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
-    for its duration (0 when it shares nothing)."""
+def _peak(spans: Iterable[tuple[float, float, int]]) -> int:
+    """The most of the amounts alive at once, each (start, duration, amount)."""
     events: list[tuple[float, int]] = []
-    for row, slices in _shared_rows(rows, decisions):
-        events += [(row.at, slices), (row.at + row.duration, -slices)]
+    for at, duration, amount in spans:
+        events += [(at, amount), (at + duration, -amount)]
     peak = current = 0
     for _, change in sorted(events):  # an end before a start at the same moment
         current += change
         peak = max(peak, current)
     return peak
+
+
+def shared_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -> int:
+    """The most MPS slices the strategy's pods ask for at once, each pod alive from its arrival
+    for its duration (0 when it shares nothing)."""
+    return _peak((row.at, row.duration, slices) for row, slices in _shared_rows(rows, decisions))
+
+
+@dataclass(frozen=True)
+class WholeDemand:
+    """What the strategy's whole-GPU pods ask: the most GPUs at once, the most one pod asks,
+    and GPU-hours in all."""
+
+    peak: int
+    largest: int
+    gpu_hours: float
+
+
+def whole_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -> WholeDemand:
+    """The whole GPUs the strategy's pods ask for at their peak (each pod alive from its
+    arrival for its duration), the most one pod asks, and their GPU-hours."""
+    spans = [(r.at, r.duration, w) for r, w, _ in _decided_rows(rows, decisions) if w]
+    return WholeDemand(
+        _peak(spans),
+        max((s[2] for s in spans), default=0),
+        sum(d * w for _, d, w in spans) / 3600,
+    )
+
+
+def shared_gpu_hours(
+    rows: Sequence[TraceRow], decisions: Mapping[int, Admission], replicas: int
+) -> float:
+    """Physical GPU-hours the strategy's shared pods hold their slices (a slice is 1/replicas
+    of a GPU): a service for its lifetime, a batch pod for its work at the speed its MPS
+    thread percentage allows (a trial at busy 0.8 capped at 25% of the SMs holds its slice
+    3.2 times its duration)."""
+    held = 0.0
+    for row in rows:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            continue
+        _, slices = pod_devices(decision.pod)
+        if not slices:
+            continue
+        cap = mps_sm_share(decision.pod)
+        speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
+        held += slices * row.duration / max(speed, 1e-3)
+    return held / 3600 / replicas
+
+
+@dataclass(frozen=True)
+class MpsSizing:
+    """How many of the nodes (in the order they become MPS nodes) share their GPUs, and why."""
+
+    nodes: int
+    note: str
+
+
+def size_mps_nodes(
+    node_gpus: Sequence[int],
+    slices: int,
+    whole: WholeDemand,
+    replicas: int,
+    shared_hours: float = 0.0,
+) -> MpsSizing:
+    """The MPS nodes for ``slices`` MPS slices at once on nodes of ``node_gpus`` GPUs each, in
+    the order the layout makes them MPS nodes (sizes may differ), each GPU ``replicas`` slices.
+
+    * **Enough for the shared peak**: the fewest first nodes whose GPUs times ``replicas``
+      hold ``slices`` (no headroom above the peak: the peak already has every shared pod
+      running from its arrival, which a queue only lowers).
+    * **Never starve whole GPUs**: where the shared peak's GPUs (``slices / replicas``) and the
+      whole-GPU pods' peak fit in the cluster together, the nodes left whole hold that peak.
+      Where they do not (a saturated trace), the pools split the GPUs in proportion to the
+      GPU-hours each pool's pods hold (``shared_hours``, see :func:`shared_gpu_hours`, and
+      ``whole.gpu_hours``: each pool then carries the same load for its size), the MPS pool rounded to the nearest node.
+    * Either way the nodes left whole hold the largest whole-GPU pod and are never none while
+      whole-GPU pods exist; and anything shared gets at least one node.
+    """
+    if slices <= 0 or not node_gpus:
+        return MpsSizing(0, "")
+    total = sum(node_gpus)
+    cumulative = [sum(node_gpus[: i + 1]) for i in range(len(node_gpus))]
+    needed = next(
+        (i + 1 for i, gpus in enumerate(cumulative) if gpus * replicas >= slices),
+        len(node_gpus),
+    )
+    asked = f"at most {slices} slices asked at once, {replicas} per GPU"
+    if not whole.peak:
+        return MpsSizing(
+            needed,
+            f"MPS nodes sized to its shared demand: {needed} of {len(node_gpus)}, "
+            f"{cumulative[needed - 1]} GPUs ({asked})",
+        )
+    # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
+    allowed = [
+        n for n in range(1, len(node_gpus)) if total - cumulative[n - 1] >= whole.largest
+    ] or [1]
+    fits = slices / replicas + whole.peak <= total
+    if fits:
+        target: float = total - whole.peak
+        nodes = min(needed, max([n for n in allowed if cumulative[n - 1] <= target] or [1]))
+        why = "" if nodes >= needed else f"; {needed} would leave them too few"
+    else:
+        work = shared_hours + whole.gpu_hours
+        target = total * shared_hours / work if work else 0.0
+        nodes = min(needed, min(allowed, key=lambda n: (abs(cumulative[n - 1] - target), n)))
+        why = (
+            f"; both peaks do not fit in {total} GPUs: split by the GPU-hours held, "
+            f"{shared_hours:,.0f} shared to {whole.gpu_hours:,.0f} whole"
+        )
+    return MpsSizing(
+        nodes,
+        f"MPS nodes sized to its shared demand: {nodes} of {len(node_gpus)}, "
+        f"{cumulative[nodes - 1]} GPUs ({asked}; whole-GPU pods ask at most {whole.peak} GPUs "
+        f"at once{why})",
+    )
 
 
 def shared_slice_hours(
@@ -48,10 +172,3 @@ def shared_slice_hours(
         if row.at < horizon:
             out[row.namespace] = out.get(row.namespace, 0.0) + slices * row.duration / 3600
     return out
-
-
-def mps_nodes_for(slices: int, gpus_per_node: int, replicas: int) -> int:
-    """Nodes of ``gpus_per_node`` GPUs shared ``replicas`` ways that hold ``slices`` at once."""
-    if slices <= 0:
-        return 0
-    return max(1, math.ceil(slices / (gpus_per_node * replicas)))

@@ -89,12 +89,15 @@ class Layout:
         return self.nodes * self.gpus_per_node
 
     @property
-    def mps_gpus_per_node(self) -> int:
-        """GPUs of each node that would become an MPS node first."""
+    def mps_candidates(self) -> list[int]:
+        """The GPUs of each node, in the order nodes become MPS nodes (see :meth:`pools`)."""
         if self.node_pools:
-            first = min(self.node_pools, key=lambda p: (-p.count, p.name))
-            return first.gpus_per_node
-        return self.gpus_per_node
+            return [
+                pool.gpus_per_node
+                for pool in sorted(self.node_pools, key=lambda p: (-p.count, p.name))
+                for _ in range(pool.count)
+            ]
+        return [self.gpus_per_node] * self.nodes
 
     def mps_gpus(self, shares: bool) -> int:
         """Physical GPUs of the MPS nodes (``mps_nodes`` resolved)."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.lab.inputs.workloads import dns_label
 from gpuwarden.lab.replay.records import PodRecord, RowOutcome
-from gpuwarden.lab.replay.work import WorkModel
+from gpuwarden.lab.replay.work import Stopped, WorkModel
 
 #: Simulated seconds before a controller recreates a preempted pod: the Job controller's first
 #: backoff (10 s) for batch kinds; a ReplicaSet or StatefulSet replaces a server at once.
@@ -185,10 +185,10 @@ class Ledger:
         self._stop(state, name, at)
         return [Complete(name, state.row.namespace)]
 
-    def _stop(self, state: _Row, name: str, at: float) -> None:
+    def _stop(self, state: _Row, name: str, at: float) -> Stopped | None:
         stopped = self.model.stop(name, max(at, self.records[name].bound or at))
         if stopped is None:
-            return
+            return None
         outcome = state.outcome
         if state.row.batch:
             outcome.progress = stopped.progress
@@ -197,6 +197,7 @@ class Ledger:
             outcome.service_seconds += stopped.ran
             outcome.degraded_seconds += stopped.degraded
         state.kept = stopped.kept
+        return stopped
 
     def _waiting(self, record: PodRecord, sign: int, at: float) -> None:
         """The GPUs asked by pods waiting to be placed change at ``at``."""
@@ -273,12 +274,16 @@ class Ledger:
         if record.bound is None:
             self._waiting(record, -1, at)
         else:
-            self._stop(state, name, at)
-            if state.row.batch:
+            stopped = self._stop(state, name, at)
+            if state.row.batch and stopped is not None:
                 lost = state.outcome.progress - state.kept
                 state.outcome.lost_seconds += lost
                 state.outcome.progress = state.kept
                 record.lost = state.row.gpus * lost
+                # Its busy time accrued evenly with its progress in this attempt: the share of
+                # it past the last checkpoint was spent on work the next attempt does again.
+                done = stopped.progress - stopped.begun
+                record.redone = stopped.busy * lost / done if done > 0 else 0.0
         state.pod = None
         backoff = BATCH_BACKOFF if state.row.batch else SERVICE_BACKOFF
         self._at(at + backoff, "again", state.row.row)

@@ -31,6 +31,7 @@ class PodRecord:
     attempt: int = 1
     evicted_by: str | None = None  # Kueue's preemption reason, when Kueue preempted it
     lost: float = 0.0  # GPU-seconds of full-speed work lost when it was preempted
+    redone: float = 0.0  # GPU-seconds of busy spent on that lost work (redone after restart)
 
 
 @dataclass

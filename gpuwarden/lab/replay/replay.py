@@ -42,7 +42,7 @@ from gpuwarden.lab.cluster.kueue import (
     preemption_reason,
     running_kueue,
 )
-from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.cluster.stages import WORK_DONE
 from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
@@ -58,7 +58,6 @@ from gpuwarden.policy import (
     admitted_gpu_memory,
     validate,
 )
-from gpuwarden.policy.pod.keys import ENV_MPS_THREAD_PERCENTAGE
 from gpuwarden.policy.render.kueue import KUEUE_API
 
 _WATCH_SECONDS = 30
@@ -79,18 +78,6 @@ class Progress:
 
     started: bool = False  # its lab is up and the trace's clock runs
     done: float = 0.0  # simulated seconds replayed
-
-
-def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
-    """The share of SMs MPS lets the pod's GPU container use (its active thread percentage)."""
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for env in container.get("env") or []:
-            if env.get("name") == ENV_MPS_THREAD_PERCENTAGE:
-                try:
-                    return min(1.0, max(0.0, float(env.get("value", "")) / 100))
-                except ValueError:
-                    return None
-    return None
 
 
 def pod_allocation(pod: Mapping[str, Any], replicas: int, gpu_memory: float) -> tuple[float, float]:

@@ -12,7 +12,9 @@ figures out; the replay calls it at every bind, completion and preemption).
 * Which GPU of a node a slice lands on is the device plugin's choice, not the scheduler's: NVIDIA's
   device plugin hands out replicas spread over the node's GPUs, fewest replicas in use first
   (its distributed allocation); whole GPUs are the lowest free ones.
-* A GPU's **busy** at a moment is ``min(1, B)``: what DCGM_FI_DEV_GPU_UTIL would report.
+* A GPU's **busy** at a moment is ``min(1, B)``: what DCGM_FI_DEV_GPU_UTIL would report. Each
+  pod on it is credited ``min(1, B) * busy / B`` of it, so that the busy time a preempted pod
+  spent on work it then lost can be told apart from useful busy time.
 * **MPS active thread percentage**: a pod whose SMs are capped at ``sm_share`` (its
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` / 100) keeps at most that share busy and runs
   ``sm_share / busy`` as fast when it would use more; the cap is what it adds to ``B``.
@@ -64,6 +66,7 @@ class _Running:
     speed: float = 0.0
     updated: float = 0.0
     degraded: float = 0.0  # seconds on a GPU whose busy sum exceeded 1
+    busy_seconds: float = 0.0  # GPU-seconds of busy credited to it
     # (time, progress, speed from then on) at each change of speed, to find checkpoints.
     history: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -76,6 +79,8 @@ class Stopped:
     kept: float  # what survives a restart: the progress at its last checkpoint
     degraded: float  # seconds it ran on an oversubscribed GPU
     ran: float  # seconds it held its GPUs
+    begun: float = 0.0  # progress it started from
+    busy: float = 0.0  # GPU-seconds of busy credited to it while it ran
 
 
 class WorkModel:
@@ -178,6 +183,8 @@ class WorkModel:
             kept=self._checkpointed(pod, at),
             degraded=pod.degraded,
             ran=at - pod.started,
+            begun=pod.history[0][1] if pod.history else pod.progress,
+            busy=pod.busy_seconds,
         )
 
     # -- time -----------------------------------------------------------------------------
@@ -191,8 +198,12 @@ class WorkModel:
             pod.progress += pod.speed * span
             if pod.target is not None:
                 pod.progress = min(pod.progress, pod.target)
-            if any(self._loads.get(gpu, 0.0) > 1.0 + 1e-9 for gpu in pod.gpus):
+            loads = [self._loads.get(gpu, 0.0) for gpu in pod.gpus]
+            if any(load > 1.0 + 1e-9 for load in loads):
                 pod.degraded += span
+            pod.busy_seconds += span * sum(
+                min(1.0, load) * pod.busy / load for load in loads if load > 0
+            )
             pod.updated = at
         self._now = at
 

@@ -1,5 +1,12 @@
 """What a replay measured, from the pods' recorded lifetimes (pure functions, simulated seconds).
 
+* **GPU busy**: the share of the GPUs' time their SMs were busy (DCGM_FI_DEV_GPU_UTIL), split
+  into **useful** busy and **redone**: the busy time preempted pods spent on work past their
+  last checkpoint, thrown away and done again by their next attempt;
+* **ceilings** (of the trace, on the cluster): the **work ceiling** is the most GPU work any
+  scheduler could deliver by the horizon, and the **busy ceiling** the most useful GPU busy
+  time (see :func:`fluid_ceiling`); each strategy's delivered work and useful busy time are
+  given as shares of them;
 * **allocation**: GPUs held by bound pods over time, as a share of the cluster's physical GPUs
   (an MPS slice holds 1/replicas of a GPU);
 * **memory used**: GPU memory the trace says pods used, over the GPU memory their allocation
@@ -30,6 +37,26 @@ class TraceLoad:
     capacity_gpu_hours: float
     peak_gpus: float  # most GPUs asked at once, every row running from its arrival
     physical_gpus: int
+    work_ceiling_gpu_hours: float | None = None  # None: not computed (no busy given)
+    busy_ceiling_gpu_hours: float | None = None
+
+    @property
+    def busy_ceiling(self) -> float | None:
+        """The busy ceiling as a share of the GPUs' time."""
+        if self.busy_ceiling_gpu_hours is None or not self.capacity_gpu_hours:
+            return None
+        return self.busy_ceiling_gpu_hours / self.capacity_gpu_hours
+
+    def ceiling_shares(self, report: StrategyReport) -> tuple[float | None, float | None]:
+        """The strategy's delivered work over the work ceiling, its useful busy GPU-hours
+        over the busy ceiling's."""
+        work = self.work_ceiling_gpu_hours
+        busy = self.busy_ceiling_gpu_hours
+        useful = report.gpu_busy_useful * report.physical_gpus * report.horizon / 3600
+        return (
+            report.delivered_gpu_hours / work if work else None,
+            useful / busy if busy else None,
+        )
 
     @property
     def offered_load(self) -> float:
@@ -46,26 +73,101 @@ class TraceLoad:
             "offeredLoad": self.offered_load,
             "peakDemand": self.peak_demand,
             "peakGpusAsked": self.peak_gpus,
+            "workCeilingGpuHours": self.work_ceiling_gpu_hours,
+            "busyCeilingGpuHours": self.busy_ceiling_gpu_hours,
+            "busyCeiling": self.busy_ceiling,
         }
 
 
+#: The most moments :func:`fluid_ceiling` cuts at (evenly spread over the arrivals): any
+#: subset of cuts still bounds from above; more only tighten the bound.
+CEILING_CUTS = 128
+
+
+def fluid_ceiling(
+    items: Iterable[tuple[float, float, float]], *, gpus: float, horizon: float
+) -> float:
+    """The most of the items' work any scheduler could deliver by ``horizon`` on ``gpus``
+    GPUs, each item (arrival, work, busy): GPU-seconds of work it offers and GPU-seconds of
+    busy SM time that work needs (the caller caps both at what the item can do from its
+    arrival to the horizon at full speed).
+
+    The fluid bound: GPUs are busy at most ``gpus`` GPU-seconds per second, and an item's work
+    can be done only after it arrives. For every moment ``s``, whatever is delivered is at
+    most the work of the items that arrived before ``s``, in full, plus the most work of the
+    later ones whose busy time fits in ``gpus * (horizon - s)`` (the most work per busy
+    second first, a share of the last one). The ceiling is the least of these over ``s`` at
+    the arrivals (at most :data:`CEILING_CUTS` of them) and ``s`` = the horizon (all that is
+    offered). With busy as the work, it is the busy ceiling."""
+    rows = sorted((max(at, 0.0), work, busy) for at, work, busy in items if at < horizon)
+    if not rows:
+        return 0.0
+    before = [0.0]
+    for _, work, _ in rows:
+        before.append(before[-1] + work)
+    starts = [i for i in range(len(rows)) if i == 0 or rows[i][0] > rows[i - 1][0]]
+    step = max(1, math.ceil(len(starts) / CEILING_CUTS))
+    lightest = sorted(
+        range(len(rows)),
+        key=lambda i: -rows[i][1] / rows[i][2] if rows[i][2] > 0 else -math.inf,
+    )
+    best = before[-1]
+    for first in starts[::step]:
+        budget = gpus * (horizon - rows[first][0])
+        got = 0.0
+        for i in lightest:
+            if i < first:
+                continue
+            _, work, busy = rows[i]
+            if busy <= budget:
+                got, budget = got + work, budget - busy
+            else:
+                got += work * budget / busy
+                break
+        best = min(best, before[first] + got)
+    return best
+
+
 def trace_load(
-    spans: Iterable[tuple[float, float, float]], *, physical_gpus: int, horizon: float
+    spans: Iterable[Sequence[float]], *, physical_gpus: int, horizon: float
 ) -> TraceLoad:
-    """From (arrival, duration, GPUs) of each row: the work offered within the horizon and the
-    peak demand if every row ran from its arrival."""
+    """From (arrival, duration, GPUs[, busy]) of each row: the work offered within the horizon,
+    the peak demand if every row ran from its arrival, and, where each row gives its busy, the
+    work and busy ceilings (:func:`fluid_ceiling`).
+
+    A row does at most the time it has left by the horizon at full speed, ``min(duration,
+    horizon - at)``: its GPUs times that of work, and ``busy`` times its devices times that
+    of busy time (a pod asking a share of a GPU keeps one device ``busy`` busy)."""
     events: list[tuple[float, float]] = []
     offered = 0.0
-    for at, duration, gpus in spans:
+    items: list[tuple[float, float, float]] | None = []
+    for span in spans:
+        at, duration, gpus = span[0], span[1], span[2]
         if at >= horizon:
             continue
         offered += gpus * duration
         events += [(at, gpus), (at + duration, -gpus)]
+        within = min(duration, horizon - at)
+        if items is not None and len(span) > 3:
+            items.append((at, gpus * within, span[3] * max(1.0, gpus) * within))
+        else:
+            items = None
     level = peak = 0.0
     for _, change in sorted(events, key=lambda e: (e[0], e[1])):
         level += change
         peak = max(peak, level)
-    return TraceLoad(offered / 3600, physical_gpus * horizon / 3600, peak, physical_gpus)
+    capacity = physical_gpus * horizon / 3600
+    if items is None:
+        return TraceLoad(offered / 3600, capacity, peak, physical_gpus)
+    busy = [(at, b, b) for at, _, b in items]
+    return TraceLoad(
+        offered / 3600,
+        capacity,
+        peak,
+        physical_gpus,
+        work_ceiling_gpu_hours=fluid_ceiling(items, gpus=physical_gpus, horizon=horizon) / 3600,
+        busy_ceiling_gpu_hours=fluid_ceiling(busy, gpus=physical_gpus, horizon=horizon) / 3600,
+    )
 
 
 #: Kueue's preemption reasons that take back GPUs a tenant borrowed: reclaiming a lender's
@@ -105,8 +207,15 @@ class StrategyReport:
     notes: tuple[str, ...] = field(default_factory=tuple)
     refusals: tuple[str, ...] = field(default_factory=tuple)
     queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # tenant -> figures
+    # Of the GPU busy average: the share spent on work preemption threw away (done again).
+    gpu_busy_redone: float = 0.0
 
-    def as_json(self) -> dict[str, Any]:
+    @property
+    def gpu_busy_useful(self) -> float:
+        return max(0.0, self.gpu_busy_average - self.gpu_busy_redone)
+
+    def as_json(self, load: TraceLoad | None = None) -> dict[str, Any]:
+        work, busy = load.ceiling_shares(self) if load is not None else (None, None)
         return {
             "strategy": self.strategy,
             "physicalGpus": self.physical_gpus,
@@ -117,6 +226,10 @@ class StrategyReport:
             "jobsCompleted": self.jobs_completed,
             "jobs": self.jobs,
             "gpuBusyAverage": self.gpu_busy_average,
+            "gpuBusyUsefulAverage": self.gpu_busy_useful,
+            "gpuBusyRedoneAverage": self.gpu_busy_redone,
+            "workCeilingShare": work,
+            "busyCeilingShare": busy,
             "averageAllocation": self.average_allocation,
             "busy": list(self.busy),
             "allocation": list(self.allocation),
@@ -354,6 +467,7 @@ def summarize(
         pods=len(pods),
         notes=tuple(notes),
         refusals=tuple(refusals),
+        gpu_busy_redone=sum(r.redone for r in pods) / (capacity * whole),
         queues=(
             {}
             if quotas is None
@@ -402,10 +516,18 @@ INTERACTIVE_KINDS = ("notebook", "kserve-predictor")
 
 
 def load_line(load: TraceLoad) -> str:
-    return (
+    line = (
         f"trace: {load.offered_gpu_hours:,.0f} GPU-hours offered = {load.offered_load:.0%} of "
         f"{load.physical_gpus} GPUs' {load.capacity_gpu_hours:,.0f}; peak demand "
         f"{load.peak_demand:.2f}x the GPUs ({load.peak_gpus:g} asked at once)"
+    )
+    work, busy = load.work_ceiling_gpu_hours, load.busy_ceiling
+    if work is None or busy is None:
+        return line
+    return (
+        f"{line}\nceilings: work {work:,.0f} GPU-hours (the most any scheduler could deliver by "
+        f"the horizon); busy {busy:.0%} of the GPUs' time (the trace's busy-weighted work "
+        f"that fits)"
     )
 
 
@@ -461,15 +583,19 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     lines = [load_line(load), ""] if load is not None else []
     lines.append(
         f"{'strategy':<18} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
+        f"{'busy (useful)':>13} {'redone':>6} {'of work ceiling':>15} {'of busy ceiling':>15} "
         f"{'alloc':>5} {'peak':>5} {'mem used':>8} {'preempted':>9} {'lost GPU-h':>10} "
         f"{'degraded':>8} {'never placed':>12} {'refused':>7}"
     )
     for r in reports:
         peak = max(r.allocation, default=0.0)
         delivered = r.delivered_gpu_hours / r.offered_gpu_hours if r.offered_gpu_hours else 0.0
+        work, busy = load.ceiling_shares(r) if load is not None else (None, None)
         lines.append(
             f"{r.strategy:<18} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
             f"{f'{r.jobs_completed}/{r.jobs}':>10} {r.gpu_busy_average:>8.0%} "
+            f"{r.gpu_busy_useful:>13.0%} {r.gpu_busy_redone:>6.1%} {_share(work):>15} "
+            f"{_share(busy):>15} "
             f"{r.average_allocation:>5.0%} {peak:>5.0%} {_share(r.memory_used_share):>8} "
             f"{r.preemptions:>9} {r.lost_gpu_hours:>10,.0f} "
             f"{_share(r.degraded_service_share):>8} {r.never_placed:>12} {r.refused:>7}"
