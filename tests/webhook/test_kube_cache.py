@@ -168,7 +168,9 @@ def test_a_pod_charges_its_own_namespace_whatever_tenant_it_names(
         lambda: cluster.view().namespace_gpu_memory.get(namespace) == 2**50,
         "the charge to the pod's own namespace",
     )
-    assert "tenant-a" not in cluster.view().namespace_gpu_memory
+    # Other suites may run pods in a namespace named tenant-a on the same API server: none of
+    # them holds a pebibyte, which this pod would have charged there.
+    assert cluster.view().namespace_gpu_memory.get("tenant-a", 0) < 2**50
 
 
 def test_cache_lag_bounds_the_quota_overshoot(
