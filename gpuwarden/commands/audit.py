@@ -23,6 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwarden.commands._inputs import (
     InputError,
+    add_policies_option,
     eprint,
     load_cluster,
     load_policies,
@@ -30,7 +31,13 @@ from gpuwarden.commands._inputs import (
 )
 from gpuwarden.kube.client import KubeConfigError, api_client
 from gpuwarden.kube.snapshot import SnapshotError, read_snapshot
-from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admitted_gpu_memory
+from gpuwarden.policy import (
+    AdmissionRequest,
+    ClusterView,
+    Decision,
+    PolicySet,
+    admitted_gpu_memory,
+)
 from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.admission.pipeline import enforced
@@ -64,14 +71,7 @@ def register(parser: argparse.ArgumentParser) -> None:
         help="pods as `kubectl get pods -A -o yaml` writes them (a List, or Pod documents; "
         "- for stdin)",
     )
-    parser.add_argument(
-        "--policies",
-        "-p",
-        action="append",
-        required=True,
-        metavar="PATH",
-        help="policy file or directory; repeatable",
-    )
+    add_policies_option(parser)
     parser.add_argument(
         "--namespaces",
         metavar="FILE",
@@ -254,15 +254,20 @@ def audit_pods(
             owner.metadata.name if owner is not None else ",".join(policies.names),
             patch=mutation.patch,
         )
-        if not validation.allowed:
-            audit = replace(
-                audit,
-                check=to_camel(validation.audit_annotations.get("denied-by", "placement")),
-                reason=validation.reason,
-                message=validation.message,
-            )
-        out.append(audit)
+        out.append(_with_denial(audit, validation))
     return out
+
+
+def _with_denial(audit: PodAudit, validation: Decision) -> PodAudit:
+    """``audit`` with what enforcing would deny, if the validation denies."""
+    if validation.allowed:
+        return audit
+    return replace(
+        audit,
+        check=to_camel(validation.audit_annotations.get("denied-by", "placement")),
+        reason=validation.reason,
+        message=validation.message,
+    )
 
 
 def _audit_job(job: Mapping[str, Any], policies: PolicySet, cluster: ClusterView) -> PodAudit:
@@ -297,14 +302,7 @@ def _audit_job(job: Mapping[str, Any], policies: PolicySet, cluster: ClusterView
         policy=owner.metadata.name if owner is not None else audit.policy,
         patch=mutation.patch,
     )
-    if not validation.allowed:
-        audit = replace(
-            audit,
-            check=to_camel(validation.audit_annotations.get("denied-by", "placement")),
-            reason=validation.reason,
-            message=validation.message,
-        )
-    return audit
+    return _with_denial(audit, validation)
 
 
 def _key(audit: PodAudit) -> tuple[str, str]:
