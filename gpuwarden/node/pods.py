@@ -9,12 +9,12 @@ from typing import Any
 
 from gpuwarden.policy.pod.quantity import QuantityError
 from gpuwarden.policy.pod.record import IdleRecord, PodRecord
-from gpuwarden.policy.pod.resources import annotations_of, containers
+from gpuwarden.policy.pod.resources import (
+    DEVICE_CLASS_RESOURCE_PREFIX,
+    annotations_of,
+    containers,
+)
 from gpuwarden.policy.pod.workloads import NOTEBOOK_NAME
-
-# Kubernetes' extended resources backed by a DRA DeviceClass (the DRAExtendedResource feature):
-# devices the agent cannot size, as for a ResourceClaim.
-_DRA_EXTENDED_PREFIX = "deviceclass.resource.kubernetes.io/"
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -160,6 +160,8 @@ def _run_as_users(spec: Mapping[str, Any], named: tuple[str, ...]) -> frozenset[
 
 
 def _device_claims(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
+    """Whether the pod holds devices through DRA, which the agent cannot size: a
+    ResourceClaim, or an extended resource backed by a DeviceClass (DRAExtendedResource)."""
     if spec.get("resourceClaims"):
         return True
     for ref in containers(pod):
@@ -167,7 +169,7 @@ def _device_claims(pod: Mapping[str, Any], spec: Mapping[str, Any]) -> bool:
         if resources.get("claims"):
             return True
         for section in (ref.resources("limits"), ref.resources("requests")):
-            if any(str(name).startswith(_DRA_EXTENDED_PREFIX) for name in section):
+            if any(str(name).startswith(DEVICE_CLASS_RESOURCE_PREFIX) for name in section):
                 return True
     return False
 
