@@ -173,7 +173,7 @@ def read_pod_files(sources: Sequence[str]) -> list[Mapping[str, Any]]:
                 if not known or not isinstance(item.get("spec"), Mapping):
                     raise InputError(
                         f"{where}: item {number}: expected a Pod or a Kubeflow job "
-                        f"({', '.join(jobs.JOB_KINDS)}) with a spec, got {kind!r}"
+                        f"({', '.join(k.kind for k in jobs.ALL_KINDS)}) with a spec, got {kind!r}"
                     )
                 objects.append(item)
     return objects

@@ -14,7 +14,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.errors import api_error_text, transport_error_text
-from gpuwarden.policy.pod.jobs import JOB_GROUP, JOB_KINDS, JOB_VERSION
+from gpuwarden.policy.pod.jobs import TRAINING_OPERATOR_KINDS, JobKind
 
 Obj = Mapping[str, Any]
 # Objects per list call: a cluster of thousands of pods is read in pages, not one answer.
@@ -67,16 +67,18 @@ def read_snapshot(api: k8s_client.ApiClient) -> Snapshot:
     custom = k8s_client.CustomObjectsApi(api)
     jobs: list[Obj] = []
     left_out: list[str] = []
-    for kind in JOB_KINDS.values():
+    for kind in TRAINING_OPERATOR_KINDS.values():
 
-        def list_jobs(plural: str = kind.plural, **kwargs: Any) -> Any:
-            return custom.list_cluster_custom_object(JOB_GROUP, JOB_VERSION, plural, **kwargs)
+        def list_jobs(kind: JobKind = kind, **kwargs: Any) -> Any:
+            return custom.list_cluster_custom_object(
+                kind.group, kind.version, kind.plural, **kwargs
+            )
 
-        what = f"{kind.plural}.{JOB_GROUP} in all namespaces"
+        what = f"{kind.plural}.{kind.group} in all namespaces"
         try:
             listed = _list_all(what, list_jobs, kind.kind, absent_ok=True)
         except SnapshotError as exc:
             left_out.append(f"{exc}; {kind.kind}s are left out of the audit")
             continue
-        jobs += [{"apiVersion": f"{JOB_GROUP}/{JOB_VERSION}", **job} for job in listed]
+        jobs += [{"apiVersion": kind.api_version, **job} for job in listed]
     return Snapshot(tuple(pods), tuple(jobs), (*namespaces, *classes), tuple(left_out))

@@ -74,12 +74,7 @@ class Review(NamedTuple):
     def is_job(self) -> bool:
         """A Kubeflow Training Operator job (PyTorchJob and its kin, kubeflow.org/v1), a Katib
         Experiment (kubeflow.org/v1beta1), or a batch/v1 Job (Katib's trials)."""
-        if self.group == jobs.BATCH_GROUP:
-            return self.kind == jobs.BATCH_JOB.kind or self.resource == jobs.BATCH_JOB.plural
-        return self.group == jobs.JOB_GROUP and (
-            self.kind in (*jobs.JOB_KINDS, jobs.EXPERIMENT.kind)
-            or self.resource in jobs.JOB_PLURALS
-        )
+        return jobs.kind_for(self.group, self.kind, self.resource) is not None
 
     @property
     def is_config_map(self) -> bool:

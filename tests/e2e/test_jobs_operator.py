@@ -24,7 +24,7 @@ from gpuwarden.cli import main
 from gpuwarden.lab.cluster.gpuwardenserver import wait_for
 from gpuwarden.lab.cluster.trainingoperator import TrainingOperator, delete_jobs
 from gpuwarden.lab.cluster.webhookstack import Obj, WebhookStack
-from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import trainingoperator
 from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import REPO_ROOT, ControlPlane, Tools
@@ -119,7 +119,7 @@ def test_the_operators_pods_are_what_apply_predicted(
     objects = k8s_client.CustomObjectsApi(gpuwarden.api)
     objects.create_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, job)
     core = k8s_client.CoreV1Api(gpuwarden.api)
-    selector = f"{jobs.JOB_NAME_LABEL}={name}"
+    selector = f"{trainingoperator.JOB_NAME_LABEL}={name}"
 
     def all_pods() -> dict[str, Obj] | None:
         response: Any = core.list_namespaced_pod(
@@ -154,4 +154,4 @@ def test_the_operators_pods_are_what_apply_predicted(
     # worker-1 differs from worker-0 only in its index and name.
     one, zero = pods[f"{name}-worker-1"], pods[f"{name}-worker-0"]
     assert one["metadata"]["annotations"] == zero["metadata"]["annotations"]
-    assert one["metadata"]["labels"][jobs.REPLICA_INDEX_LABEL] == "1"
+    assert one["metadata"]["labels"][trainingoperator.REPLICA_INDEX_LABEL] == "1"

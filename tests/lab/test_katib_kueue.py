@@ -33,7 +33,7 @@ from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, lab_control_plane
 from gpuwarden.lab.cluster.webhookstack import KUBEFLOW_PROFILE_LABELS, WebhookStack
 from gpuwarden.lab.cluster.webhookstack import plane_webhook_stack as gpuwarden_on
 from gpuwarden.policy import load_paths
-from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import batch as batch_jobs
 from gpuwarden.policy.render.kueue import DEFAULT_LOCAL_QUEUE, MPS_GPUS, QUEUE_NAME_LABEL
 from gpuwarden.policy.render.objects import RenderOptions, render
 
@@ -213,7 +213,7 @@ def test_a_shared_katib_trial_job_is_mutated_queued_charged_slices_and_runs_on_m
 
     # Admitted: unsuspended; the Job controller creates the pod, the pod webhook leaves it as
     # the template said, and it runs on the MPS node.
-    selector = f"{jobs.BATCH_JOB_LABELS[1]}={job['metadata']['name']}"
+    selector = f"{batch_jobs.JOB_LABELS[1]}={job['metadata']['name']}"
 
     def running() -> Obj | None:
         pods = core.list_namespaced_pod(NAMESPACE, label_selector=selector).items

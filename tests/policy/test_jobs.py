@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import trainingoperator
 from gpuwarden.policy.render.scope import (
     MAX_CONTAINERS,
     MAX_ITEMS,
@@ -51,7 +52,7 @@ def with_worker_gpus(job: dict[str, Any], gpus: str) -> dict[str, Any]:
 
 def job_of(kind: str) -> dict[str, Any]:
     """A job of ``kind`` with one GPU container per replica, no template metadata at all."""
-    field = jobs.JOB_KINDS[kind].replica_field
+    field = jobs.TRAINING_OPERATOR_KINDS[kind].replica_field
     container = {
         "name": "main",
         "image": "trainer:1",
@@ -144,7 +145,7 @@ def test_every_kind_is_read_and_its_templates_mutated(
     assert [r.replica.name for r in result.replicas] == list(KIND_REPLICAS[kind])
     assert result.allowed
     paths = {op["path"] for op in result.mutation.patch}
-    field = jobs.JOB_KINDS[kind].replica_field
+    field = jobs.TRAINING_OPERATOR_KINDS[kind].replica_field
     for name in KIND_REPLICAS[kind]:
         assert f"/spec/{field}/{name}/template/spec/schedulerName" in paths
     mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
@@ -152,22 +153,24 @@ def test_every_kind_is_read_and_its_templates_mutated(
         pod = jobs.replica_pod(mutated, replica, "tenant-a")
         assert pod["spec"]["restartPolicy"] == "Never"  # ExitCode, as SetRestartPolicy makes it
         labels = pod["metadata"]["labels"]
-        assert labels[jobs.REPLICA_TYPE_LABEL] == replica.name.lower()
-        assert labels[jobs.OPERATOR_NAME_LABEL] == f"{kind.lower()}-controller"
+        assert labels[trainingoperator.REPLICA_TYPE_LABEL] == replica.name.lower()
+        assert labels[trainingoperator.OPERATOR_NAME_LABEL] == f"{kind.lower()}-controller"
         again = admit(AdmissionRequest("CREATE", "tenant-a", pod), default_policies, cluster)
         assert again.mutation.patch == ()
 
 
 def test_the_master_role_is_the_controllers() -> None:
     pytorch = job_of("PyTorchJob")
-    assert jobs.controller_labels(pytorch, "Master").get(jobs.JOB_ROLE_LABEL) == "master"
-    assert jobs.JOB_ROLE_LABEL not in jobs.controller_labels(pytorch, "Worker")
+    assert (
+        jobs.controller_labels(pytorch, "Master").get(trainingoperator.JOB_ROLE_LABEL) == "master"
+    )
+    assert trainingoperator.JOB_ROLE_LABEL not in jobs.controller_labels(pytorch, "Worker")
     del pytorch["spec"]["pytorchReplicaSpecs"]["Master"]
-    assert jobs.controller_labels(pytorch, "Worker", 0)[jobs.JOB_ROLE_LABEL] == "master"
-    assert jobs.JOB_ROLE_LABEL not in jobs.controller_labels(pytorch, "Worker", 1)
+    assert jobs.controller_labels(pytorch, "Worker", 0)[trainingoperator.JOB_ROLE_LABEL] == "master"
+    assert trainingoperator.JOB_ROLE_LABEL not in jobs.controller_labels(pytorch, "Worker", 1)
     mpi = job_of("MPIJob")
     assert jobs.pod_name(mpi, "Launcher") == "run-7-launcher"
-    assert jobs.REPLICA_INDEX_LABEL not in jobs.controller_labels(mpi, "Launcher")
+    assert trainingoperator.REPLICA_INDEX_LABEL not in jobs.controller_labels(mpi, "Launcher")
     assert jobs.pod_name(mpi, "Worker", 1) == "run-7-worker-1"
 
 

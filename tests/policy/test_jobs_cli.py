@@ -10,7 +10,7 @@ import yaml
 
 from gpuwarden.cli import main
 from gpuwarden.commands.review import review_for
-from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import trainingoperator
 
 from .support import EXAMPLES, NAMESPACES_FILE, POLICIES
 
@@ -63,7 +63,7 @@ def test_apply_pods_are_the_controllers_pods_as_admitted(
         "bert-finetune-worker-0",
     ]
     worker = pods[1]
-    assert worker["metadata"]["labels"][jobs.REPLICA_TYPE_LABEL] == "worker"
+    assert worker["metadata"]["labels"][trainingoperator.REPLICA_TYPE_LABEL] == "worker"
     assert worker["metadata"]["annotations"]["gpuwarden.io/profile"] == "heavy-training"
     assert worker["spec"]["restartPolicy"] == "OnFailure"
 

@@ -35,7 +35,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster.controlplane import ControlPlane, Process, free_ports
 from gpuwarden.lab.cluster.kueue import go_module, install_crds
-from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.jobs import trainingoperator
 
 MODULE = "github.com/kubeflow/training-operator"
 #: The version hack/build-tools.sh builds (TRAINING_OPERATOR_VERSION there).
@@ -172,7 +172,7 @@ def delete_jobs(api: k8s_client.ApiClient, plural: str = "pytorchjobs") -> None:
         objects.delete_namespaced_custom_object(
             "kubeflow.org", "v1", meta["namespace"], plural, meta["name"]
         )
-    pods = core.list_pod_for_all_namespaces(label_selector=jobs.JOB_NAME_LABEL).items
+    pods = core.list_pod_for_all_namespaces(label_selector=trainingoperator.JOB_NAME_LABEL).items
     for pod in pods:
         core.delete_namespaced_pod(
             pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0

@@ -34,20 +34,7 @@ _PREFIX = "gpuwarden: "
 # Pod fields the controller writes itself: a pod patch that touched them has no template twin.
 _CONTROLLER_FIELDS = frozenset(
     {"/metadata/name", "/metadata/generateName", "/metadata/namespace"}
-    | {
-        f"/metadata/labels/{escape(key)}"
-        for key in (
-            jobs.JOB_NAME_LABEL,
-            jobs.REPLICA_TYPE_LABEL,
-            jobs.REPLICA_INDEX_LABEL,
-            jobs.OPERATOR_NAME_LABEL,
-            jobs.JOB_ROLE_LABEL,
-            *jobs.BATCH_JOB_LABELS,
-            *jobs.BATCH_UID_LABELS,
-            jobs.BATCH_INDEX_LABEL,
-            jobs.KATIB_TRIAL_LABEL,
-        )
-    }
+    | {f"/metadata/labels/{escape(key)}" for key in jobs.CONTROLLER_LABELS}
 )
 
 

@@ -36,7 +36,7 @@ predicate.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -427,12 +427,36 @@ def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
 
 # --- Kubeflow jobs --------------------------------------------------------------------------
 
-#: The job webhooks' first condition: the Training Operator's group, and batch/v1 Jobs (Katib's
-#: trials).
-JOBS_ONLY_CEL = (
-    f'request.kind.group == "{jobs.JOB_GROUP}" || (request.kind.group == "{jobs.BATCH_GROUP}" '
-    f'&& request.kind.kind == "{jobs.BATCH_JOB.kind}")'
+
+def _job_groups() -> dict[str, list[str]]:
+    groups: dict[str, list[str]] = {}
+    for kind in jobs.ALL_KINDS:
+        groups.setdefault(kind.group, []).append(kind.kind)
+    return groups
+
+
+#: The job webhooks' first condition: only the kinds gpuwarden reads (:data:`jobs.ALL_KINDS`).
+JOBS_ONLY_CEL = " || ".join(
+    f'(request.kind.group == "{group}" && request.kind.kind in {json.dumps(kinds)})'
+    for group, kinds in _job_groups().items()
 )
+
+
+def job_rules() -> list[dict[str, Any]]:
+    """The job webhooks' rules: one per API group and version, naming every kind's plural."""
+    by_version: dict[tuple[str, str], list[str]] = {}
+    for kind in jobs.ALL_KINDS:
+        by_version.setdefault((kind.group, kind.version), []).append(kind.plural)
+    return [
+        {
+            "apiGroups": [group],
+            "apiVersions": [version],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": plurals,
+            "scope": "Namespaced",
+        }
+        for (group, version), plurals in by_version.items()
+    ]
 
 
 def _template_cel(template: str) -> str:
@@ -467,35 +491,47 @@ def _template_cel(template: str) -> str:
     )
 
 
+def _field(path: Sequence[str]) -> str:
+    return ".".join(("object", *path))
+
+
+def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
+    """One template site of a kind: the fields on the way exist, its guards hold, and the
+    template (or, per replica, any replica's template) may need gpuwarden."""
+    present: list[str] = []
+    for path in (*(p for p, _ in site.when), site.path):
+        for depth in range(1, len(path) + 1):
+            test = f"has({_field(path[:depth])})"
+            if test not in present:
+                present.append(test)
+    guards = [f'{_field(path)} == "{value}"' for path, value in site.when]
+    field = _field(site.path)
+    if site.per_replica:
+        body = (
+            f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
+            f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
+        )
+    else:
+        body = f"({_template_cel(field)})"
+    return " && ".join(
+        [
+            f'request.kind.group == "{kind.group}"',
+            f'request.kind.kind == "{kind.kind}"',
+            *present,
+            *guards,
+            body,
+        ]
+    )
+
+
 #: Only jobs whose replica templates name a GPU resource or carry gpuwarden's keys are sent to
 #: the job webhooks: a job of CPU pods is created while gpuwarden is down. Narrower than the pod
 #: scope on purpose: the pod webhooks still judge every pod the job's controller creates (its
 #: escapes, and GPUs a rule gives to pods that ask for none); the job webhooks foretell and
-#: refuse early what GPU jobs will get.
-#: A batch/v1 Job is judged on the same terms (its one template at spec.template): a Katib trial's
-#: Job, or any Job, that asks for GPUs; every other batch Job in the cluster is never sent.
+#: refuse early what GPU jobs will get. Each kind's templates are where its
+#: :attr:`~gpuwarden.policy.pod.jobs.JobKind.sites` say.
 JOB_CEL = " || ".join(
-    [
-        *(
-            f'(request.kind.kind == "{kind.kind}" && has(object.spec) && '
-            f"has(object.spec.{kind.replica_field}) && (size(object.spec.{kind.replica_field}) > "
-            f"{MAX_REPLICA_TYPES} || object.spec.{kind.replica_field}.exists(r, "
-            f"has(object.spec.{kind.replica_field}[r].template) && "
-            f"({_template_cel(f'object.spec.{kind.replica_field}[r].template')}))))"
-            for kind in jobs.JOB_KINDS.values()
-        ),
-        f'(request.kind.group == "{jobs.BATCH_GROUP}" && '
-        f'request.kind.kind == "{jobs.BATCH_JOB.kind}" && has(object.spec) && '
-        f"has(object.spec.template) && ({_template_cel('object.spec.template')}))",
-        # A Katib Experiment whose trialSpec is a batch Job: that Job's template.
-        f'(request.kind.kind == "{jobs.EXPERIMENT.kind}" && has(object.spec) && '
-        "has(object.spec.trialTemplate) && has(object.spec.trialTemplate.trialSpec) && "
-        f"has(object.spec.trialTemplate.trialSpec.kind) && "
-        f'object.spec.trialTemplate.trialSpec.kind == "{jobs.BATCH_JOB.kind}" && '
-        "has(object.spec.trialTemplate.trialSpec.spec) && "
-        "has(object.spec.trialTemplate.trialSpec.spec.template) && "
-        f"({_template_cel('object.spec.trialTemplate.trialSpec.spec.template')}))",
-    ]
+    f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites
 )
 
 
@@ -529,29 +565,31 @@ def _template_needs(template: Any) -> bool:
     return False
 
 
+def _at(obj: Any, path: Sequence[str]) -> Any:
+    for key in path:
+        if not isinstance(obj, dict):
+            return None
+        obj = obj.get(key)
+    return obj
+
+
+def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
+    if any(_at(job, path) != value for path, value in site.when):
+        return False
+    found = _at(job, site.path)
+    if not site.per_replica:
+        return _template_needs(found)
+    if not isinstance(found, dict):
+        return False
+    if len(found) > MAX_REPLICA_TYPES:
+        return True
+    return any(isinstance(r, dict) and _template_needs(r.get("template")) for r in found.values())
+
+
 def job_needs_review(job: Mapping[str, Any]) -> bool:
     """The Python twin of :data:`JOB_CEL`: whether the API server calls the job webhooks."""
     kind = jobs.job_kind(job)
-    spec = job.get("spec")
-    if kind is None or not isinstance(spec, dict):
-        return False
-    if kind.batch:
-        return _template_needs(spec.get("template"))
-    if kind.experiment:
-        template = spec.get("trialTemplate")
-        trial = template.get("trialSpec") if isinstance(template, dict) else None
-        if not isinstance(trial, dict) or trial.get("kind") != jobs.BATCH_JOB.kind:
-            return False
-        inner = trial.get("spec")
-        return isinstance(inner, dict) and _template_needs(inner.get("template"))
-    replicas = spec.get(kind.replica_field)
-    if not isinstance(replicas, dict):
-        return False
-    if len(replicas) > MAX_REPLICA_TYPES:
-        return True
-    return any(
-        isinstance(r, dict) and _template_needs(r.get("template")) for r in replicas.values()
-    )
+    return kind is not None and any(_site_needs(job, site) for site in kind.sites)
 
 
 def job_match_conditions() -> list[dict[str, str]]:
@@ -594,5 +632,11 @@ def chart_template() -> str:
         + "\n{{- end -}}\n"
         + '{{- define "gpuwarden.scope.jobs" -}}\n'
         + JOB_CEL
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.jobsOnly" -}}\n'
+        + JOBS_ONLY_CEL
+        + "\n{{- end -}}\n"
+        + '{{- define "gpuwarden.scope.jobRules" -}}\n'
+        + json.dumps(job_rules())
         + "\n{{- end -}}\n"
     )

@@ -1,0 +1,100 @@
+"""What every Kubeflow job kind answers: where its pod templates are, and what its controller
+adds to the pods it creates from them.
+
+A kind is one :class:`JobKind`; its family's module (``trainingoperator``, ``batch``, ``katib``)
+cites the controller's source for each label and name. ``gpuwarden.policy.pod.jobs`` holds the
+registry and the functions the admission layer calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class JobShapeError(ValueError):
+    """A job object whose replicas cannot be read; the message names the field."""
+
+
+@dataclass(frozen=True)
+class ReplicaTemplate:
+    """One replica type of a job: its name (``Worker``), its template and where it sits."""
+
+    name: str
+    path: tuple[str, ...]  # of the pod template, from the job's root
+    template: Mapping[str, Any]
+    restart_policy: str | None
+    replicas: int = 1
+
+
+@dataclass(frozen=True)
+class TemplateSite:
+    """Where a kind keeps pod templates, for the job webhooks' CEL scope and its Python twin.
+
+    ``path`` (from the object's root) names the pod template itself, or, with ``per_replica``, a
+    map of replica specs that each hold one at ``.template``. ``when`` lists fields (paths from
+    the root) that must hold the given string for the site to count (an Experiment's trialSpec
+    must be a batch Job)."""
+
+    path: tuple[str, ...]
+    per_replica: bool = False
+    when: tuple[tuple[tuple[str, ...], str], ...] = ()
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return name if isinstance(name, str) else ""
+
+
+def whole_number(value: Any, default: int = 1) -> int:
+    """A replica count as the API server would have it, ``default`` where it is not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+def pod_template(where: str, template: Any) -> Mapping[str, Any]:
+    """``template`` checked to be a pod template object, the error naming ``where``."""
+    if not isinstance(template, Mapping):
+        raise JobShapeError(f"{where} must be an object")
+    if not isinstance(template.get("spec", {}), Mapping):
+        raise JobShapeError(f"{where}.spec must be an object")
+    return template
+
+
+class JobKind(ABC):
+    """One kind of job object gpuwarden admits: its API identity, its pod templates, and the
+    pods its controller creates from them."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    #: The controller names its pods by generateName (the batch Job controller) rather than name.
+    generate_name: bool = False
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}"
+
+    @property
+    @abstractmethod
+    def sites(self) -> tuple[TemplateSite, ...]:
+        """Where the kind's pod templates are, for the webhooks' scope."""
+
+    @abstractmethod
+    def templates(self, job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
+        """The replicas in document order; JobShapeError names a field no such object has."""
+
+    @abstractmethod
+    def labels(self, job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
+        """The labels the controller adds to the pod of ``replica`` number ``index``."""
+
+    @abstractmethod
+    def pod_name(self, job: Mapping[str, Any], replica: str, index: int) -> str:
+        """The pod's name, or its generateName where :attr:`generate_name`."""
+
+    def pod_job(self, job: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The object whose controller creates the pods (an Experiment's trial Job): the job."""
+        return job
