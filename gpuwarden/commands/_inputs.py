@@ -37,10 +37,8 @@ _BUILTIN_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-
 
 
 #: The dry runs read Kubeflow jobs too, as their errors say.
-JOBS_TOO = (
-    f"; Kubeflow jobs ({', '.join(jobs.TRAINING_OPERATOR_KINDS)}, kubeflow.org/v1), "
-    f"{jobs.BATCH_JOB.api_version} Jobs and Katib Experiments ({jobs.EXPERIMENT.api_version}) "
-    "are read too"
+JOBS_TOO = "; job objects are read too: " + ", ".join(
+    f"{k.kind} ({k.api_version})" for k in jobs.ALL_KINDS
 )
 
 
