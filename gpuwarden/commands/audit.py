@@ -42,6 +42,7 @@ from gpuwarden.policy.admission import manifests
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.admission.pipeline import enforced
 from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.pod.resources import FINISHED_PHASES
 
 HELP = "Report what the policies would deny or change in the pods and jobs already running"
 DESCRIPTION = """\
@@ -52,11 +53,10 @@ Each pod is judged as a CREATE of its spec as it is now, each job as the CREATE 
 pods, under enforce. Exit status 1 when some pod or job would be denied. See docs/rollout.md."""
 
 Result = Literal["fail", "warn", "pass", "skip"]
-# The phases of pods that hold nothing any more: judged as skipped.
-_FINISHED = frozenset({"Succeeded", "Failed"})
+# Pods in FINISHED_PHASES are judged as skipped.
 # The conditions of jobs that run no pod any more: a Training Operator job's or a Katib
 # Experiment's Succeeded and Failed, a batch Job's Complete and Failed.
-_JOB_FINISHED = frozenset({"Succeeded", "Failed", "Complete"})
+_JOB_FINISHED = FINISHED_PHASES | {"Complete"}
 # Patch paths a table line names before it counts the rest.
 _PATHS_SHOWN = 3
 POLICY_REPORT_VERSION = "wgpolicyk8s.io/v1alpha2"
@@ -198,7 +198,7 @@ def _memory_by_namespace(pods: Iterable[Mapping[str, Any]]) -> dict[str, Decimal
     it carry no record and count nothing)."""
     out: dict[str, Decimal] = {}
     for pod in pods:
-        if _phase(pod) in _FINISHED:
+        if _phase(pod) in FINISHED_PHASES:
             continue
         namespace = str(_meta(pod).get("namespace") or "default")
         out[namespace] = out.get(namespace, Decimal(0)) + admitted_gpu_memory(pod)
@@ -221,7 +221,7 @@ def audit_pods(
         name = str(meta.get("name") or meta.get("generateName") or "<unnamed>")
         uid = str(meta.get("uid") or "")
         phase = _phase(pod)
-        if phase in _FINISHED:
+        if phase in FINISHED_PHASES:
             tenant = policies.tenant_for(namespace, cluster.labels_for(namespace))
             out.append(
                 PodAudit(

@@ -27,7 +27,7 @@ from gpuwarden.policy.lint import (
 from gpuwarden.policy.pod import keys
 
 if TYPE_CHECKING:
-    from gpuwarden.kube.gpupolicies import PolicyObject
+    from gpuwarden.policy.spec.composition import PolicyObject
 
 HELP = (
     "Validate policy files; report errors (exit 1: invalid, or a tenant or rule that can never "
@@ -118,9 +118,9 @@ def _read_objects(sources: Sequence[str]) -> dict[str, PolicyObject]:
 
 
 def _serve(files: PolicySet, objects: Mapping[str, PolicyObject]) -> tuple[PolicySet, list[str]]:
-    """The set the webhook serves (gpuwarden.webhook.policies.compose: the files, then every
+    """The set the webhook serves (gpuwarden.policy.spec.composition.compose: the files, then every
     object that can join them in name order), and an error for each object it would refuse."""
-    from gpuwarden.webhook.policies import compose
+    from gpuwarden.policy.spec.composition import compose
 
     composed = compose(files, objects)
     errors = [

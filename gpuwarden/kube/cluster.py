@@ -55,9 +55,12 @@ from gpuwarden.policy.admission.manifests import (
 )
 from gpuwarden.policy.pod.environment import SourceKeys
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, PodRecord
-from gpuwarden.policy.pod.resources import annotations_of, containers, metadata_of
-
-_DONE_PHASES = frozenset({"Succeeded", "Failed"})
+from gpuwarden.policy.pod.resources import (
+    FINISHED_PHASES,
+    annotations_of,
+    containers,
+    metadata_of,
+)
 
 log = logging.getLogger("gpuwarden.kube")
 
@@ -98,7 +101,7 @@ def pod_charge(obj: Obj) -> tuple[str, Decimal] | None:
     tenant a namespace belongs to is the policies' answer (issue: a pod in one tenant's
     namespace must never charge another tenant)."""
     status = obj.get("status") or {}
-    if isinstance(status, Mapping) and status.get("phase") in _DONE_PHASES:
+    if isinstance(status, Mapping) and status.get("phase") in FINISHED_PHASES:
         return None
     record = PodRecord.from_annotations(annotations_of(obj), (*CHARGE_FIELDS, "tenant"))
     namespace = metadata_of(obj).get("namespace")

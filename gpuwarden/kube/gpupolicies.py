@@ -23,7 +23,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import urllib3
@@ -38,6 +37,7 @@ from gpuwarden.kube.errors import (
 )
 from gpuwarden.kube.informer import Informer, MappingSink, Obj
 from gpuwarden.policy.pod import keys
+from gpuwarden.policy.spec.composition import ObjectVerdict, PolicyObject
 from gpuwarden.policy.spec.schema import CRD_NAME, CRD_PLURAL, CRD_VERSION
 
 log = logging.getLogger("gpuwarden.kube")
@@ -51,32 +51,6 @@ VALID_MESSAGE = "in force: served with the policy files and the other valid GPUP
 MAX_MESSAGE = 8192
 HTTP_FORBIDDEN = 403
 _WRITE_TIMEOUT = 10.0
-
-
-@dataclass(frozen=True)
-class PolicyObject:
-    """One GPUPolicy object as the cache keeps it."""
-
-    name: str
-    uid: str
-    generation: int
-    resource_version: str
-    # What the policy loader reads: apiVersion, kind, metadata.name and spec.
-    document: Mapping[str, Any]
-    status: Mapping[str, Any]
-
-
-@dataclass(frozen=True)
-class ObjectVerdict:
-    """What the webhook made of one object's generation (gpuwarden.webhook.policies)."""
-
-    uid: str
-    generation: int
-    valid: bool
-    message: str = ""  # the loader's issues, for an invalid generation
-    # The generation this webhook serves in its place: the current one, the last good one (an
-    # invalid generation never replaces it), or None.
-    serving: int | None = None
 
 
 def policy_object(obj: Obj) -> PolicyObject | None:

@@ -11,12 +11,11 @@ from gpuwarden.policy.pod.quantity import QuantityError
 from gpuwarden.policy.pod.record import IdleRecord, PodRecord
 from gpuwarden.policy.pod.resources import (
     DEVICE_CLASS_RESOURCE_PREFIX,
+    FINISHED_PHASES,
     annotations_of,
     containers,
 )
 from gpuwarden.policy.pod.workloads import NOTEBOOK_NAME
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,7 @@ class PodInfo:
 
     @property
     def active(self) -> bool:
-        return self.phase not in TERMINAL_PHASES
+        return self.phase not in FINISHED_PHASES
 
     @property
     def uses_gpu(self) -> bool:

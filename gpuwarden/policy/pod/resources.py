@@ -33,6 +33,9 @@ GPU_COUNT_RESOURCES: frozenset[str] = frozenset(
     {"nvidia.com/gpu", "nvidia.com/gpu.shared", "volcano.sh/vgpu-number", "volcano.sh/gpu-number"}
 )
 
+#: Pod phases in which a pod holds nothing: its containers have stopped for good.
+FINISHED_PHASES = frozenset({"Succeeded", "Failed"})
+
 
 # Prefixes of device-plugin resources that hand out (parts of) NVIDIA GPUs, renamed ones included
 # (nvidia.com/gpu.shared, a sharing config's custom nvidia.com/gpu-<name>, MIG profiles).
