@@ -5,14 +5,20 @@ The Notebook CRD here is a minimal structural one with the real group, kind, plu
 kubeflow.org_notebooks.yaml: v1 stored, v1beta1 and v1alpha1 served, conversion None) and the
 real shape of ``spec.template``, which holds only ``spec`` (api/v1/notebook_types.go), so the
 API server prunes a template's metadata as it does with the real CRD; the pod spec itself keeps
-any field. The notebook controller is not run (its module is not on the Go module proxy:
-docs/jobs.md), so the pod is built from the stored Notebook as the controller builds it.
+any field. The notebook controller's module is not on the Go module proxy (docs/jobs.md), so hack/build-tools.sh
+cannot build it and these tests build the pod from the stored Notebook as the controller does.
+With ``NOTEBOOK_CONTROLLER`` naming a notebook-controller binary (built from kubeflow/notebooks
+v1.11.0 ``components/notebook-controller``), the last test runs it, with kube-controller-manager's
+StatefulSet controller, and holds the real pod to the prediction.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -23,6 +29,8 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.cluster.controllermanager import running_controller_manager
+from gpuwarden.lab.cluster.controlplane import free_ports
 from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR, wait_for
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
@@ -37,9 +45,10 @@ from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import notebooks
 from gpuwarden.policy.render.scope import job_needs_review
 
-from .controlplane import REPO_ROOT
+from .controlplane import REPO_ROOT, ControlPlane, Tools
 from .test_jobs import predicted
-from .webhook import api_error
+from .test_jobs_operator import MUTATION_AUDIT, contained, predicted_pods
+from .webhook import AuditLog, api_error, webhook_audit
 
 GROUP, PLURAL = "kubeflow.org", "notebooks"
 VERSIONS = ("v1", "v1beta1", "v1alpha1")
@@ -253,3 +262,63 @@ def test_the_api_server_sends_the_notebooks_the_twin_says(
         create(objects, nb)
         after = gpuwarden.server.requests_answered(endpoint="mutate")
         assert after - before == (1 if sent else 0), nb["metadata"]["name"]
+
+
+NOTEBOOK_CONTROLLER = os.environ.get("NOTEBOOK_CONTROLLER")
+
+
+@pytest.fixture(scope="module")
+def notebook_controller(
+    control_plane: ControlPlane, e2e_tools: Tools, objects: k8s_client.CustomObjectsApi
+) -> Iterator[None]:
+    """The notebook controller (off-cluster, Istio off, no culling) and the StatefulSet
+    controller that makes its pod."""
+    if not NOTEBOOK_CONTROLLER:
+        pytest.skip("NOTEBOOK_CONTROLLER names no notebook-controller binary")
+    metrics, probe = free_ports(2)
+    argv = [
+        NOTEBOOK_CONTROLLER,
+        f"--kubeconfig={control_plane.kubeconfig_path}",
+        f"--metrics-addr=127.0.0.1:{metrics}",
+        f"--probe-addr=127.0.0.1:{probe}",
+    ]
+    process = control_plane.spawn("notebook-controller", argv)
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{probe}/healthz", timeout=5) as answer:
+            return bool(answer.status == 200)
+
+    with running_controller_manager(control_plane, e2e_tools, ("statefulset-controller",)):
+        control_plane.poll("the notebook controller", healthy, [process], time.monotonic() + 60)
+        yield
+        process.terminate(control_plane.stop_timeout)
+
+
+def test_the_notebook_controllers_pod_is_what_apply_predicted(
+    gpuwarden: WebhookStack,
+    objects: k8s_client.CustomObjectsApi,
+    notebook_controller: None,
+    audit_log: AuditLog,
+    tmp_path: Path,
+) -> None:
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    nb = notebook_in(ns)
+    name = nb["metadata"]["name"]
+    (expected,) = predicted_pods(nb, gpuwarden, tmp_path).values()
+    assert expected["metadata"]["name"] == f"{name}-0"
+    create(objects, nb)
+    core: Any = k8s_client.CoreV1Api(gpuwarden.api)
+
+    def the_pod() -> Obj | None:
+        response: Any = core.list_namespaced_pod(
+            ns, label_selector=f"{notebooks.NOTEBOOK_NAME_LABEL}={name}", _preload_content=False
+        )
+        items = json.loads(response.data)["items"]
+        return {"apiVersion": "v1", "kind": "Pod", **items[0]} if items else None
+
+    real = wait_for(f"the pod of Notebook {name}", the_pod, timeout=60)
+    assert contained(expected, real) == []
+    # The API server's record: gpuwarden's pod webhook was called and changed nothing.
+    rounds = webhook_audit(audit_log.pod_creation(ns, f"{name}-0"), MUTATION_AUDIT)
+    ours = [r for r in rounds.values() if r.get("webhook") == "mutate.gpuwarden.io"]
+    assert [r["mutated"] for r in ours] == [False]
