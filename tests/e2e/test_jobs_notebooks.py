@@ -322,3 +322,14 @@ def test_the_notebook_controllers_pod_is_what_apply_predicted(
     rounds = webhook_audit(audit_log.pod_creation(ns, f"{name}-0"), MUTATION_AUDIT)
     ours = [r for r in rounds.values() if r.get("webhook") == "mutate.gpuwarden.io"]
     assert [r["mutated"] for r in ours] == [False]
+    # Stopped as the culler and the idle rule stop it: let through, and the controller scales
+    # the StatefulSet to zero; started again, back to one.
+    apps: Any = k8s_client.AppsV1Api(gpuwarden.api)
+    for value, replicas in (("2026-12-05T00:00:00Z", 0), (None, 1)):
+        stop = {"metadata": {"annotations": {notebooks.STOP_ANNOTATION: value}}}
+        objects.patch_namespaced_custom_object(GROUP, "v1", ns, PLURAL, name, stop)
+
+        def scaled(want: int = replicas) -> bool:
+            return bool(apps.read_namespaced_stateful_set(name, ns).spec.replicas == want)
+
+        wait_for(f"the StatefulSet of {name} at {replicas} replicas", scaled, timeout=30)
