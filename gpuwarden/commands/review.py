@@ -129,10 +129,17 @@ def review_for(doc: Any, where: str, namespace: str | None) -> dict[str, Any]:
     pod = {**doc, "metadata": {**meta, "namespace": ns}}
     pod_kind = {"group": "", "version": "v1", "kind": "Pod"}
     pods = {"group": "", "version": "v1", "resource": "pods"}
+    asked_kind, asked = pod_kind, pods
     if job is not None:
-        # A job is sent as the API server sends it to the job webhooks: its own kind and plural.
+        # A job is sent as the API server sends it to the job webhooks: its own kind and plural,
+        # at the version their rules name (matchPolicy Equivalent converts another served one).
         pod_kind = {"group": job.group, "version": job.version, "kind": job.kind}
         pods = {"group": job.group, "version": job.version, "resource": job.plural}
+        written = doc.get("apiVersion")
+        if isinstance(written, str) and written != job.api_version:
+            version = written.rpartition("/")[2]
+            asked_kind, asked = {**pod_kind, "version": version}, {**pods, "version": version}
+            pod["apiVersion"] = job.api_version
     return {
         "apiVersion": API_VERSION,
         "kind": "AdmissionReview",
@@ -140,8 +147,8 @@ def review_for(doc: Any, where: str, namespace: str | None) -> dict[str, Any]:
             "uid": str(uuid.uuid4()),
             "kind": pod_kind,
             "resource": pods,
-            "requestKind": pod_kind,
-            "requestResource": pods,
+            "requestKind": asked_kind,
+            "requestResource": asked,
             "name": str(meta.get("name") or ""),
             "namespace": ns,
             "operation": "CREATE",

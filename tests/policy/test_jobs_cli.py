@@ -111,3 +111,47 @@ def test_apply_explain_and_review_take_a_katib_trials_batch_job(
     request = review_for(yaml.safe_load(trial.read_text()), "trial.yaml", None)["request"]
     assert request["kind"] == {"group": "batch", "version": "v1", "kind": "Job"}
     assert request["resource"]["resource"] == "jobs"
+
+
+NOTEBOOK = EXAMPLES / "jobs" / "notebook.yaml"
+
+
+def test_apply_explain_and_review_take_a_notebook(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, err = run(capsys, "apply", *DRY_RUN, "-o", "pods", str(NOTEBOOK))
+    assert code == 0, err
+    assert (
+        "tenant-a/alice-jupyter Notebook: allowed (profile light-training via rule/notebooks)"
+        in err
+    )
+    (pod,) = yaml.safe_load_all(out)
+    assert pod["metadata"]["name"] == "alice-jupyter-0"
+    assert pod["metadata"]["labels"]["notebook-name"] == "alice-jupyter"
+    assert pod["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    code, out, _ = run(capsys, "apply", *DRY_RUN, str(NOTEBOOK))
+    assert code == 0
+    nb = yaml.safe_load(out)
+    assert nb["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert nb["spec"]["template"]["spec"]["schedulerName"] == "volcano"
+    code, out, _ = run(capsys, "explain", *DRY_RUN, str(NOTEBOOK))
+    assert code == 0
+    assert "Notebook tenant-a/alice-jupyter" in out
+    assert "  replica Notebook: pod alice-jupyter-0\n" in out
+    assert "workload: notebook alice-jupyter" in out
+    # Over the tenant's limit, at a version the API server also serves.
+    big = tmp_path / "big.yaml"
+    big.write_text(
+        NOTEBOOK.read_text()
+        .replace("namespace: tenant-a", "namespace: tenant-b")
+        .replace('nvidia.com/gpu: "1"', 'nvidia.com/gpu: "8"')
+        .replace("kubeflow.org/v1\n", "kubeflow.org/v1beta1\n")
+    )
+    code, _, err = run(capsys, "apply", *DRY_RUN, "-o", "patch", str(big))
+    assert code == 1
+    assert "tenant-b/alice-jupyter: denied: Notebook: gpuwarden denied the pod: " in err
+    request = review_for(yaml.safe_load(big.read_text()), "big.yaml", None)["request"]
+    assert request["kind"] == {"group": "kubeflow.org", "version": "v1", "kind": "Notebook"}
+    assert request["requestKind"]["version"] == "v1beta1"
+    assert request["resource"]["resource"] == "notebooks"
+    assert request["object"]["apiVersion"] == "kubeflow.org/v1"

@@ -60,11 +60,15 @@ def _replica_line(replica: str, line: str) -> str:
 
 
 def template_patch(
-    template: Mapping[str, Any], path: Sequence[str], pod_patch: Sequence[Mapping[str, Any]]
+    template: Mapping[str, Any],
+    path: Sequence[str],
+    pod_patch: Sequence[Mapping[str, Any]],
+    metadata_path: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
     """The pod's JSON Patch moved under the template at ``path``: the same operations on the
-    template's metadata and spec, with the objects they need created first, and none on the
-    fields the controller writes itself (name, namespace, its labels)."""
+    template's metadata (or, with ``metadata_path``, on the metadata there, which the template's
+    stands for) and spec, with the objects they need created first, and none on the fields the
+    controller writes itself (name, namespace, its labels)."""
     base = pointer(list(path))
     ops = [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
     if not ops:
@@ -72,16 +76,49 @@ def template_patch(
     meta = template.get("metadata")
     parents: list[dict[str, Any]] = []
     touches = {op["path"].split("/")[1] for op in ops}
+    meta_base = f"{base}/metadata" if metadata_path is None else pointer(list(metadata_path))
     if "metadata" in touches and not isinstance(meta, Mapping):
-        parents.append({"op": "add", "path": f"{base}/metadata", "value": {}})
+        parents.append({"op": "add", "path": meta_base, "value": {}})
         meta = {}
     if "spec" in touches and not isinstance(template.get("spec"), Mapping):
         parents.append({"op": "add", "path": f"{base}/spec", "value": {}})
     # The pod had the controller's labels, so its patch adds label keys one by one.
     labelled = any(op["path"].startswith("/metadata/labels/") for op in ops)
     if labelled and isinstance(meta, Mapping) and not isinstance(meta.get("labels"), Mapping):
-        parents.append({"op": "add", "path": f"{base}/metadata/labels", "value": {}})
-    return parents + [{**op, "path": base + op["path"]} for op in ops]
+        parents.append({"op": "add", "path": f"{meta_base}/labels", "value": {}})
+    moved: list[dict[str, Any]] = []
+    made: set[str] = set()  # paths the operations so far have written
+    for op in ops:
+        where = op["path"]
+        if where.startswith("/metadata/") or where == "/metadata":
+            moved.append({**op, "path": meta_base + where.removeprefix("/metadata")})
+            continue
+        # A list the controller adds to the pod (a Notebook's NB_PREFIX env) is appended to there;
+        # where the template has no such list, the first append makes it.
+        parent = where.removesuffix("/-")
+        if (
+            parent != where
+            and not any(parent == m or parent.startswith(f"{m}/") for m in made)
+            and _at_pointer(template, parent) is None
+        ):
+            op = {"op": "add", "path": parent, "value": [op["value"]]}
+        made.add(op["path"])
+        moved.append({**op, "path": base + op["path"]})
+    return parents + moved
+
+
+def _at_pointer(document: Mapping[str, Any], where: str) -> Any:
+    """The value at a JSON Pointer into ``document``, or None where it is absent."""
+    node: Any = document
+    for token in where.split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, Mapping):
+            node = node.get(token)
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
 
 
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
@@ -166,7 +203,9 @@ def admit_job(
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep:
-            patch += template_patch(replica.template, replica.path, admission.mutation.patch)
+            patch += template_patch(
+                replica.template, replica.path, admission.mutation.patch, replica.metadata_path
+            )
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
             # they are judged too, and the template can carry only the first one's changes.

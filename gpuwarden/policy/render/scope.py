@@ -459,10 +459,11 @@ def job_rules() -> list[dict[str, Any]]:
     ]
 
 
-def _template_cel(template: str) -> str:
-    """A replica's pod template names a GPU resource, or carries gpuwarden's own keys; or is
-    too large to look into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource
-    names, labels or annotations), and is sent unread."""
+def _template_cel(template: str, metadata: str | None = None) -> str:
+    """A replica's pod template names a GPU resource, or carries gpuwarden's own keys (in its
+    metadata, or in ``metadata`` where the pods' metadata is kept); or is too large to look
+    into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource names, labels or
+    annotations), and is sent unread."""
 
     def names_gpu(section: str) -> str:
         return (
@@ -474,7 +475,7 @@ def _template_cel(template: str) -> str:
         "(has(c.resources) && ("
         f"{names_gpu('c.resources.limits')} || {names_gpu('c.resources.requests')}))"
     )
-    spec, meta = f"{template}.spec", f"{template}.metadata"
+    spec, meta = f"{template}.spec", metadata or f"{template}.metadata"
     return " || ".join(
         [
             *(
@@ -512,7 +513,8 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
             f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
         )
     else:
-        body = f"({_template_cel(field)})"
+        metadata = _field(site.metadata) if site.metadata is not None else None
+        body = f"({_template_cel(field, metadata)})"
     return " && ".join(
         [
             f'request.kind.group == "{kind.group}"',
@@ -535,7 +537,8 @@ JOB_CEL = " || ".join(
 )
 
 
-def _template_needs(template: Any) -> bool:
+def _template_needs(template: Any, meta: Any = None) -> bool:
+    """:func:`_template_cel`'s twin; ``meta`` the pods' metadata where not the template's."""
     if not isinstance(template, dict):
         return False
     spec = template.get("spec")
@@ -554,7 +557,8 @@ def _template_needs(template: Any) -> bool:
                     for s in ("limits", "requests")
                 ):
                     return True
-    meta = template.get("metadata")
+    if meta is None:
+        meta = template.get("metadata")
     if isinstance(meta, dict):
         for part in ("labels", "annotations"):
             values = meta.get(part)
@@ -578,7 +582,7 @@ def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
         return False
     found = _at(job, site.path)
     if not site.per_replica:
-        return _template_needs(found)
+        return _template_needs(found, (_at(job, site.metadata) or {}) if site.metadata else None)
     if not isinstance(found, dict):
         return False
     if len(found) > MAX_REPLICA_TYPES:

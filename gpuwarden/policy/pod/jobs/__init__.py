@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch, katib, trainingoperator
+from gpuwarden.policy.pod.jobs import batch, katib, notebooks, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -47,8 +47,17 @@ TRAINING_OPERATOR_KINDS: Mapping[str, trainingoperator.TrainingOperatorKind] = {
 BATCH_JOB = batch.BATCH_JOB
 EXPERIMENT = katib.EXPERIMENT
 #: Every kind the job webhooks admit, in the order the chart's rules list them.
-ALL_KINDS: tuple[JobKind, ...] = (*trainingoperator.KINDS, BATCH_JOB, EXPERIMENT)
-_BY_API = {(k.api_version, k.kind): k for k in ALL_KINDS}
+ALL_KINDS: tuple[JobKind, ...] = (
+    *trainingoperator.KINDS,
+    BATCH_JOB,
+    EXPERIMENT,
+    notebooks.NOTEBOOK,
+)
+_BY_API = {
+    (f"{k.group}/{version}", k.kind): k
+    for k in ALL_KINDS
+    for version in (k.version, *k.also_served)
+}
 #: Labels a controller (or the API server) writes on the pods itself: a pod patch that touches
 #: one has no twin in the template.
 CONTROLLER_LABELS = frozenset(
@@ -62,6 +71,7 @@ CONTROLLER_LABELS = frozenset(
         *batch.UID_LABELS,
         batch.INDEX_LABEL,
         katib.TRIAL_LABEL,
+        *notebooks.LABELS,
     }
 )
 
@@ -145,4 +155,4 @@ def replica_pod(
     spec = dict(template.get("spec") or {})
     if replica.restart_policy is not None:
         spec["restartPolicy"] = replica.restart_policy
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+    return kind.finish_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec})

@@ -27,6 +27,10 @@ class ReplicaTemplate:
     template: Mapping[str, Any]
     restart_policy: str | None
     replicas: int = 1
+    #: Where the object keeps the pod's metadata when the template's is not used (a Notebook's
+    #: controller copies the Notebook's own labels and annotations): the template's
+    #: ``metadata`` then stands for it, and its patch goes there.
+    metadata_path: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -36,11 +40,13 @@ class TemplateSite:
     ``path`` (from the object's root) names the pod template itself, or, with ``per_replica``, a
     map of replica specs that each hold one at ``.template``. ``when`` lists fields (paths from
     the root) that must hold the given string for the site to count (an Experiment's trialSpec
-    must be a batch Job)."""
+    must be a batch Job). ``metadata``, where set, is the path of the metadata the pods get in
+    place of the template's (a Notebook's own)."""
 
     path: tuple[str, ...]
     per_replica: bool = False
     when: tuple[tuple[tuple[str, ...], str], ...] = ()
+    metadata: tuple[str, ...] | None = None
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
@@ -73,6 +79,9 @@ class JobKind(ABC):
     plural: str
     #: The controller names its pods by generateName (the batch Job controller) rather than name.
     generate_name: bool = False
+    #: Other versions the API server serves the kind at with the same schema (the webhooks'
+    #: rules name :attr:`version`; ``matchPolicy: Equivalent`` sends the others converted).
+    also_served: tuple[str, ...] = ()
 
     @property
     def api_version(self) -> str:
@@ -94,6 +103,11 @@ class JobKind(ABC):
     @abstractmethod
     def pod_name(self, job: Mapping[str, Any], replica: str, index: int) -> str:
         """The pod's name, or its generateName where :attr:`generate_name`."""
+
+    def finish_pod(self, job: Mapping[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+        """The pod with what else its controllers set that asks no GPU (defaults, a hostname):
+        as built, unless a kind says otherwise."""
+        return pod
 
     def pod_job(self, job: Mapping[str, Any]) -> Mapping[str, Any]:
         """The object whose controller creates the pods (an Experiment's trial Job): the job."""
