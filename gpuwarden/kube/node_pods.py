@@ -23,6 +23,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, MappingSink, Obj
+from gpuwarden.policy.pod.jobs import notebooks
 
 # (connect, read) seconds for Events and evictions: a hung API server must not stall the
 # single-threaded enforcement loop; a failed eviction is asked again next tick.
@@ -31,16 +32,6 @@ COMPONENT = "gpuwarden-node-agent"
 REPORTING_CONTROLLER = "gpuwarden.io/node-agent"
 # core/v1 Event messages are cut here (events.k8s.io allows 1 KiB notes); the start matters most.
 _MESSAGE_LIMIT = 1024
-# Kubeflow's Notebook (kubeflow/kubeflow components/notebook-controller, api/v1) and the
-# annotation its controller scales it to zero on, valued with an RFC 3339 time: kubeflow/kubeflow
-# (v1.10-branch) components/notebook-controller/controllers/culling_controller.go
-# (STOP_ANNOTATION = "kubeflow-resource-stopped", set to t.Format(time.RFC3339) by its own
-# culler) and notebook_controller.go (replicas 0 while the annotation is present; the volumes
-# stay, and the dashboard's start removes it).
-NOTEBOOK_GROUP = "kubeflow.org"
-NOTEBOOK_VERSION = "v1"
-NOTEBOOK_PLURAL = "notebooks"
-NOTEBOOK_STOP_ANNOTATION = "kubeflow-resource-stopped"
 
 
 def _keep(obj: Obj) -> Obj:
@@ -165,13 +156,16 @@ class NodeCluster:
     def stop_notebook(self, namespace: str, name: str, stopped_at: str) -> str:
         """Set the Notebook's stop annotation (a JSON merge patch: needs only ``patch`` on
         notebooks.kubeflow.org); returns what the API server decided, in words."""
-        body = {"metadata": {"annotations": {NOTEBOOK_STOP_ANNOTATION: stopped_at}}}
+        # The notebook controller scales the Notebook to zero while the annotation is present
+        # (its culler sets it to an RFC 3339 time); the volumes stay, and the dashboard's start
+        # removes it: gpuwarden/policy/pod/jobs/notebooks.py cites the source.
+        body = {"metadata": {"annotations": {notebooks.STOP_ANNOTATION: stopped_at}}}
         try:
             response: Any = self.custom.patch_namespaced_custom_object(
-                NOTEBOOK_GROUP,
-                NOTEBOOK_VERSION,
+                notebooks.NOTEBOOK.group,
+                notebooks.NOTEBOOK.version,
                 namespace,
-                NOTEBOOK_PLURAL,
+                notebooks.NOTEBOOK.plural,
                 name,
                 body,
                 _preload_content=False,
