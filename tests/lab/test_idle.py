@@ -107,6 +107,10 @@ def test_an_idle_notebook_is_stopped_after_plus_the_interval_and_its_gpu_goes_to
     assert report.gpu_busy_average == pytest.approx((0.1 * HOUR + 0.9 * HOUR) / (6 * HOUR))
     assert report.as_json()["idleGpuHoursReturned"] == report.idle.returned_gpu_hours
     assert "notebooks' idle tails" in table([report])
+    # A long strategy name widens the strategy column instead of shifting its row.
+    lines = table([report, replace(report, strategy="default-policy-no-idle")]).splitlines()
+    header, short, long = lines[0], lines[1], lines[2]
+    assert len(header) == len(short) == len(long) and short.startswith("s" + " " * 22)
 
 
 def test_without_a_stop_rule_an_idle_notebook_holds_its_gpu_until_it_is_closed() -> None:

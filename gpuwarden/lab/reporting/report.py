@@ -605,6 +605,11 @@ def _queue_cell(report: StrategyReport, namespace: str) -> str:
     )
 
 
+def _name_width(reports: Sequence[StrategyReport]) -> int:
+    """The strategy column: 18 wide, or as wide as the longest name (default-policy-no-idle)."""
+    return max([18, *(len(r.strategy) for r in reports)])
+
+
 def _grid(
     reports: Sequence[StrategyReport],
     columns: Sequence[str],
@@ -612,9 +617,10 @@ def _grid(
 ) -> list[str]:
     """A header of columns (tenant namespaces or kinds), then a line per strategy of ``cell``
     for each."""
-    lines = [f"{'strategy':<18} " + " ".join(f"{c:>20}" for c in columns)]
+    width = _name_width(reports)
+    lines = [f"{'strategy':<{width}} " + " ".join(f"{c:>20}" for c in columns)]
     for r in reports:
-        lines.append(f"{r.strategy:<18} " + " ".join(f"{cell(r, c):>20}" for c in columns))
+        lines.append(f"{r.strategy:<{width}} " + " ".join(f"{cell(r, c):>20}" for c in columns))
     return lines
 
 
@@ -622,16 +628,17 @@ def _idle_lines(reports: Sequence[StrategyReport]) -> list[str]:
     """The idle tails' section (none when no strategy's pods had one)."""
     if all(r.idle is None for r in reports):
         return []
+    width = _name_width(reports)
     lines = [
         "",
         "notebooks' idle tails (open after their work): GPU-hours held idle, given back by an",
         "idle rule, notebooks stopped:",
-        f"{'strategy':<22} {'idle GPU-h held':>15} {'given back':>10} {'stopped':>7}",
+        f"{'strategy':<{width}} {'idle GPU-h held':>15} {'given back':>10} {'stopped':>7}",
     ]
     for r in reports:
         idle = r.idle or IdleTails(0.0, 0.0, 0)
         lines.append(
-            f"{r.strategy:<22} {idle.held_gpu_hours:>15,.1f} {idle.returned_gpu_hours:>10,.1f} "
+            f"{r.strategy:<{width}} {idle.held_gpu_hours:>15,.1f} {idle.returned_gpu_hours:>10,.1f} "
             f"{idle.stopped:>7}"
         )
     return lines
@@ -641,8 +648,9 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     """The terminal table: the trace's load, a line per strategy, then tenants' waits and
     delivered work."""
     lines = [load_line(load), ""] if load is not None else []
+    width = _name_width(reports)
     lines.append(
-        f"{'strategy':<18} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
+        f"{'strategy':<{width}} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
         f"{'busy (useful)':>13} {'redone':>6} {'of work ceiling':>15} {'of busy ceiling':>15} "
         f"{'alloc':>5} {'peak':>5} {'mem used':>8} {'preempted':>9} {'lost GPU-h':>10} "
         f"{'degraded':>8} {'never placed':>12} {'refused':>7}"
@@ -652,7 +660,7 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
         delivered = r.delivered_gpu_hours / r.offered_gpu_hours if r.offered_gpu_hours else 0.0
         work, busy = load.ceiling_shares(r) if load is not None else (None, None)
         lines.append(
-            f"{r.strategy:<18} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
+            f"{r.strategy:<{width}} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
             f"{f'{r.jobs_completed}/{r.jobs}':>10} {r.gpu_busy_average:>8.0%} "
             f"{r.gpu_busy_useful:>13.0%} {r.gpu_busy_redone:>6.1%} {_share(work):>15} "
             f"{_share(busy):>15} "
