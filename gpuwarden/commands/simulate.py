@@ -37,12 +37,14 @@ from gpuwarden.lab.planning.plan import StrategyPlan, plan_strategy
 from gpuwarden.lab.planning.sizing import shared_slice_hours
 from gpuwarden.lab.planning.strategies import (
     KUEUE_SUFFIX,
+    NO_IDLE_SUFFIX,
     Layout,
     Strategy,
     builtin_strategies,
     kueue_variant,
     offered_gpu_hours,
     strategy_from_paths,
+    without_idle_rules,
 )
 from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.reporting.report import table
@@ -126,7 +128,8 @@ def _strategy_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME,...",
         help="replay only these strategies (of no-governance, sharing-only, default-policy and "
         "the --policies ones; NAME+kueue: that strategy with a Kueue-queued tenant per namespace, "
-        "its quota in proportion to what it asks for)",
+        "its quota in proportion to what it asks for; NAME-no-idle: that strategy without its "
+        "profiles' idle rules)",
     )
 
 
@@ -305,6 +308,7 @@ def _strategies(
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
         bases = {s.name: s for s in strategies if s.policies is not None}
+        strategies += _without_idle(wanted, bases, names)
         for name in wanted:
             base = bases.get(name.removesuffix(KUEUE_SUFFIX))
             if name.endswith(KUEUE_SUFFIX) and base is not None and queued is not None:
@@ -315,6 +319,19 @@ def _strategies(
             raise InputError(f"--only: no strategy {', '.join(unknown)} (have {', '.join(names)})")
         strategies = [s for s in strategies if s.name in wanted]
     return strategies
+
+
+def _without_idle(
+    wanted: list[str], bases: dict[str, Strategy], names: list[str]
+) -> list[Strategy]:
+    """The NAME-no-idle strategies ``--only`` asks for (their names added to ``names``)."""
+    out: list[Strategy] = []
+    for name in wanted:
+        base = bases.get(name.removesuffix(NO_IDLE_SUFFIX))
+        if name.endswith(NO_IDLE_SUFFIX) and base is not None and name not in names:
+            out.append(without_idle_rules(base))
+            names.append(name)
+    return out
 
 
 def _dump(rows: list[TraceRow], fmt: str) -> str:

@@ -110,9 +110,10 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
 
 
 def plan_load(plan: Plan) -> TraceLoad:
-    """The trace's offered load and peak demand on the plan's cluster."""
+    """The trace's offered load and peak demand on the plan's cluster (a notebook's idle tail
+    is not offered work)."""
     return trace_load(
-        ((r.at, r.duration, r.gpus, r.busy) for r in plan.rows),
+        ((r.at, r.work_duration, r.gpus, r.busy) for r in plan.rows),
         physical_gpus=plan.layout.physical_gpus,
         horizon=plan.horizon,
     )

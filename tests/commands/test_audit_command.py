@@ -90,7 +90,7 @@ def test_the_table_counts_per_tenant_and_namespace(
     )
     assert any(
         line.startswith("tenant-a/before-gpuwarden: would apply ")
-        and "(profile light-training via rule/notebooks)" in line
+        and "(profile notebook via rule/notebooks)" in line
         for line in lines
     )
     assert not any(line.startswith(("tenant-a/admitted", "tenant-a/finished")) for line in lines)

@@ -184,4 +184,4 @@ def test_the_readmes_shown_outputs_are_all_generated() -> None:
 def test_a_filtered_output_marks_the_lines_it_leaves_out() -> None:
     docs = _update_docs_module()
     shown = docs.command_output("gpuwarden lint policies | grep -E '^ok: '")
-    assert shown.startswith("...\nok: 1 policies, 13 profiles, ")
+    assert shown.startswith("...\nok: 1 policies, 14 profiles, ")

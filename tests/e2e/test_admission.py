@@ -164,7 +164,7 @@ LITERALS: Mapping[str, Literal | None] = {
         {"volcano.sh/preemptable": "true", "gpuwarden.io/preemptible": "true"},
     ),
     "notebook": Literal(
-        "light-training",
+        "notebook",
         "alice-jupyter",
         {
             "volcano.sh/vgpu-number": "1",

@@ -89,7 +89,7 @@ class PodStream:
                     outcome = Outcome(name, ok=False, error=f"{type(exc).__name__}: {exc}")
                 else:
                     profile = pod_annotations(created.pod).get("gpuwarden.io/profile")
-                    outcome = Outcome(name, ok=True, mutated=profile == "light-training")
+                    outcome = Outcome(name, ok=True, mutated=profile == "notebook")
                 with self._lock:
                     self.outcomes.append(outcome)
         finally:

@@ -15,6 +15,7 @@ from gpuwarden.lab.inputs.defaulttrace import (
     busy_week,
     default_trace,
     interactive_week,
+    oversubscribed_week,
     training_week,
 )
 from gpuwarden.lab.inputs.trace import (
@@ -35,7 +36,7 @@ from gpuwarden.policy import AdmissionRequest, ClusterView, admit
 REPO = Path(__file__).resolve().parents[2]
 KNOWN = ("data-team", "algo-team")
 HEADER = "at,namespace,kind,name,gpus,duration,memory,labels\n"
-FULL_HEADER = "at,namespace,kind,name,gpus,duration,memory,labels,busy,checkpoint,run,products\n"
+FULL_HEADER = "at,namespace,kind,name,gpus,duration,memory,labels,busy,checkpoint,run,products,idle,idle_busy\n"
 
 
 def _csv(*rows: str) -> str:
@@ -122,6 +123,7 @@ def test_the_default_trace_is_the_seed_tenant_table_shape_and_round_trips_as_csv
     assert [(r.at, r.namespace, r.kind, r.gpus, r.duration, r.memory_used) for r in again] == [
         (r.at, r.namespace, r.kind, r.gpus, r.duration, r.memory_used) for r in rows
     ]
+    assert again == rows, "every column, the notebooks' idle tails too"
 
 
 def test_simulate_refuses_a_bad_trace_with_the_row_and_exit_2(
@@ -402,3 +404,68 @@ def test_simulate_names_an_unknown_builtin_trace(capsys: pytest.CaptureFixture[s
     assert "--trace builtin:month: no such built-in trace (have builtin:week" in err
     assert main(["simulate", "--trace", "builtin:week", "--sample", "3"]) == 2
     assert "--sample: only for an Alibaba pod list" in capsys.readouterr().err
+
+
+def test_a_notebook_row_ends_in_an_idle_tail_in_yaml_and_csv() -> None:
+    text = (
+        "rows:\n"
+        "  - {at: 0, namespace: algo-team, kind: notebook, gpus: 1, duration: 6h, memory: 2Gi,"
+        " idle: 2h, idle_busy: 0.01}\n"
+        "  - {at: 1h, namespace: algo-team, kind: notebook, gpus: 1, duration: 3h, memory: 2Gi,"
+        " idle: 0}\n"
+    )
+    tail, none = parse_trace(text, "t.yaml", KNOWN)
+    assert (tail.idle, tail.idle_busy, tail.idle_from, tail.work_duration) == (
+        7200.0,
+        0.01,
+        4 * 3600.0,
+        4 * 3600.0,
+    )
+    assert (none.idle, none.idle_from, none.work_duration) == (0.0, None, 3 * 3600.0)
+    csv_rows = parse_trace(
+        FULL_HEADER + "0,algo-team,notebook,nb,1,6h,2Gi,,,,,,7200,\n", "t.csv", KNOWN
+    )
+    assert (csv_rows[0].idle, csv_rows[0].idle_busy) == (7200.0, 0.0)
+    assert parse_trace(trace_csv([tail, none]), "again.csv", KNOWN) == [tail, none]
+
+
+@pytest.mark.parametrize(
+    ("row", "message"),
+    [
+        (
+            "0,algo-team,training-job,a,1,2h,1Gi,,,,,,1h,",
+            "row 1: idle '1h': only notebook rows have an idle tail (this row is a training-job)",
+        ),
+        (
+            "0,algo-team,notebook,a,1,2h,1Gi,,,,,,3h,",
+            "row 1: idle '3h' must be from 0 to the row's",
+        ),
+        ("0,algo-team,notebook,a,1,2h,1Gi,,,,,,-1h,", "row 1: idle '-1h' must be from 0 to"),
+        ("0,algo-team,notebook,a,1,2h,1Gi,,,,,,soon,", "row 1: 'soon' is not a duration"),
+        ("0,algo-team,notebook,a,1,2h,1Gi,,,,,,,0.01", "row 1: idle_busy is the busy share of an"),
+        ("0,algo-team,notebook,a,1,2h,1Gi,,,,,,1h,2", "row 1: idle_busy '2' must be a number from"),
+        (
+            "0,algo-team,notebook,a,1,2h,1Gi,,0.1,,,,1h,0.5",
+            "row 1: idle_busy '0.5' is above the row's busy (0.1): idle keeps less busy",
+        ),
+    ],
+)
+def test_a_bad_idle_tail_is_named(row: str, message: str) -> None:
+    with pytest.raises(TraceError) as raised:
+        parse_trace(FULL_HEADER + row + "\n", "t.csv", KNOWN)
+    assert str(raised.value).startswith("t.csv: ")
+    assert message in str(raised.value)
+
+
+@pytest.mark.parametrize("generate", [default_trace, busy_week, oversubscribed_week])
+def test_builtin_weeks_leave_some_notebooks_open_after_their_work(
+    generate: Callable[[], list[TraceRow]],
+) -> None:
+    rows = generate()
+    notebooks = [r for r in rows if r.kind == "notebook"]
+    tails = [r for r in notebooks if r.idle]
+    assert all(r.idle == 0 for r in rows if r.kind != "notebook")
+    # About half are closed when their work is done; the rest sit idle, some overnight.
+    assert 0.35 <= len(tails) / len(notebooks) <= 0.65
+    assert any(r.idle > 12 * 3600 for r in tails) and any(r.idle < 4 * 3600 for r in tails)
+    assert all(r.idle_busy == 0 and r.work_duration > 0 for r in tails)

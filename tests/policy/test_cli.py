@@ -40,7 +40,7 @@ def write(path: Path, obj: Any) -> Path:
 def test_lint_clean_policies(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run(capsys, "lint", str(POLICIES))
     assert code == 0
-    assert out.startswith("ok: 1 policies, 13 profiles, 17 rules, 3 tenants, ")
+    assert out.startswith("ok: 1 policies, 14 profiles, 17 rules, 3 tenants, ")
     assert "Traceback" not in err
 
 
@@ -90,9 +90,9 @@ def test_apply_json_prints_exactly_one_pod(capsys: pytest.CaptureFixture[str]) -
     assert code == 0
     pod = json.loads(out)  # one JSON document, nothing else on stdout
     assert pod["kind"] == "Pod"
-    assert pod["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
-    assert "tenant-a/alice-jupyter-0: allowed (profile light-training via rule/notebooks)" in err
-    assert "warning: tenant-a/alice-jupyter-0: gpuwarden: profile light-training" in err
+    assert pod["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
+    assert "tenant-a/alice-jupyter-0: allowed (profile notebook via rule/notebooks)" in err
+    assert "warning: tenant-a/alice-jupyter-0: gpuwarden: profile notebook" in err
 
 
 def test_apply_json_with_several_inputs_prints_a_list(capsys: pytest.CaptureFixture[str]) -> None:
@@ -333,7 +333,7 @@ def test_explain_says_which_tenant_rule_and_profile(capsys: pytest.CaptureFixtur
     assert "  workload: notebook alice-jupyter [notebook-name label]\n" in out
     assert "    MATCH notebooks: notebook pod\n" in out
     assert "      -   katib-trials: is a notebook, not a katib-trial\n" in out
-    assert "  profile:  light-training via rule/notebooks (policy kubeflow-default)\n" in out
+    assert "  profile:  notebook via rule/notebooks (policy kubeflow-default)\n" in out
     assert "  containers: alice-jupyter\n" in out
     assert out.rstrip().endswith("verdict:  allowed")
 
@@ -393,7 +393,7 @@ def test_failing_suite_reports_fail_and_exits_1(
     path = suite(
         tmp_path,
         [
-            {"name": "right", "resource": "pods/notebook.yaml", "profile": "light-training"},
+            {"name": "right", "resource": "pods/notebook.yaml", "profile": "notebook"},
             {"name": "wrong profile", "resource": "pods/notebook.yaml", "profile": "inference"},
             {"name": "wrong verdict", "resource": "pods/privileged-gpu.yaml", "result": "allowed"},
             {
@@ -421,7 +421,7 @@ def test_failing_suite_reports_fail_and_exits_1(
         for name in [line.split("  mine  ", 1)[1].split("  ")[0]]
     }
     assert " pass " in rows["right"]
-    assert "FAIL    expected profile inference, got light-training" in rows["wrong profile"]
+    assert "FAIL    expected profile inference, got notebook" in rows["wrong profile"]
     assert "FAIL    expected allowed, got denied: gpuwarden denied the pod" in rows["wrong verdict"]
     assert "spec.schedulerName is 'volcano', expected 'default-scheduler'" in rows["wrong field"]
     assert "spec.nope is missing" in rows["wrong field"]

@@ -64,11 +64,11 @@ def test_the_team_tenant_and_its_override_win_for_its_namespace(order: tuple[Pat
     assert placement.tenant is not None and placement.tenant.name == "vision"
     assert placement.tenant_reason == "namespace vision is tenant vision (by name)"
 
-    # The team's override: a 24Gi cap where the default gives light-training 16Gi.
+    # The team's override: a 24Gi cap where the default gives notebook 16Gi.
     pod = mutated(notebook, policies, CLUSTER)
     annotations = pod["metadata"]["annotations"]
     assert annotations["gpuwarden.io/tenant"] == "vision"
-    assert annotations["gpuwarden.io/profile"] == "light-training"
+    assert annotations["gpuwarden.io/profile"] == "notebook"
     assert annotations["gpuwarden.io/gpu-memory-limit"] == "24Gi"
     # Every other Kubeflow namespace keeps the default's tenant and cap.
     kubeflow = {"carol": {"app.kubernetes.io/part-of": "kubeflow-profile"}}
@@ -99,7 +99,7 @@ def test_lint_passes_the_default_alone_and_with_the_team_file(
     assert out.startswith("ok: 1 policies, ")
     code, out, err = run(capsys, "lint", str(DEFAULT), str(TEAM))
     assert (code, "error:" in err) == (0, False)
-    assert out.startswith("ok: 2 policies, 13 profiles, 18 rules, 4 tenants, ")
+    assert out.startswith("ok: 2 policies, 14 profiles, 18 rules, 4 tenants, ")
 
 
 def test_explain_says_which_tenant_and_rule_won_and_what_they_beat(

@@ -69,7 +69,7 @@ def test_lint_of_the_defaults_prints_no_warning_only_information(
     lines = err.splitlines()
     assert lines and all(line.startswith("info: ") for line in lines)
     assert out == (
-        "ok: 1 policies, 13 profiles, 17 rules, 3 tenants, 0 warnings, 11 notes "
+        "ok: 1 policies, 14 profiles, 17 rules, 3 tenants, 0 warnings, 13 notes "
         "(info: what the nodes or namespaces must provide)\n"
     )
 
@@ -80,7 +80,7 @@ def test_a_team_file_alone_is_told_to_load_the_defaults_beside_it(
     code, _, err = run(capsys, "lint", str(TEAM))
     assert code == 1
     assert (
-        "unknown profile 'light-training' (known: none); profiles are shared by the policy files "
+        "unknown profile 'notebook' (known: none); profiles are shared by the policy files "
         f"loaded together: if another file defines it, load that file too (gpuwarden lint "
         f"policies/ {TEAM})"
     ) in err

@@ -125,7 +125,7 @@ def test_lint_shows_the_file_rules_an_exact_name_takes_pods_from(
         # The second warning: rule labelled-gpus, a selector, loses the pods the files' rules of
         # other kinds also match (issue 32 item 5); the third: the object's tenant lists
         # namespace research, which the chart's webhooks select by label only (issue 32 item 2).
-        "ok: 3 policies, 13 profiles, 20 rules, 5 tenants, 3 warnings, 11 notes (info: what the "
+        "ok: 3 policies, 14 profiles, 20 rules, 5 tenants, 3 warnings, 13 notes (info: what the "
         "nodes or namespaces must provide), 4 overrides by GPUPolicy objects"
     )
 

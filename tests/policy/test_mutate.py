@@ -47,7 +47,7 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
         ),
         (
             "notebook",
-            "light-training",
+            "notebook",
             "alice-jupyter",
             {
                 "volcano.sh/vgpu-number": "1",
@@ -424,7 +424,7 @@ def test_annotation_keys_with_slash_and_tilde_survive(
     pod["metadata"]["annotations"] = {"a~b/c": "1", "gpuwarden.io/profile": "stale~/"}
     out = mutated(pod, default_policies, cluster)
     assert out["metadata"]["annotations"]["a~b/c"] == "1"
-    assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
 
 
 def test_idempotent_when_a_gpu_free_profile_removes_the_only_evidence(

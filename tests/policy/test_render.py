@@ -51,9 +51,12 @@ QUOTA_POLICY = """
 def test_one_priority_class_per_profile_as_the_webhook_writes_it() -> None:
     policies = load_paths([DEFAULT_POLICIES])
     classes = {o["metadata"]["name"]: o for o in render(policies).of_kind("PriorityClass")}
-    assert set(classes) == {f"gpuwarden-{name}" for name in policies.profiles}
-    for name, profile in policies.profiles.items():
-        obj = classes[f"gpuwarden-{name}"]
+    # A profile's own class, or the one it names (notebook shares light-training's).
+    assert set(classes) == {
+        profile.derived_priority_class for profile in policies.profiles.values()
+    }
+    for profile in policies.profiles.values():
+        obj = classes[profile.derived_priority_class]
         assert obj["value"] == profile.priority
         assert obj["preemptionPolicy"] == (
             "Never" if profile.preemptible else "PreemptLowerPriority"

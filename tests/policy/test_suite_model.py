@@ -102,7 +102,7 @@ def test_profile_null_asserts_no_profile(
 """
     code, lines, _ = run_suite(capsys, tmp_path, results)
     assert code == 1
-    assert lines[1].endswith("FAIL    expected profile None, got light-training")
+    assert lines[1].endswith("FAIL    expected profile None, got notebook")
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_p_tests_other_policies_than_the_suite_names(
     results = f"""\
   - name: notebooks share a GPU
     resource: {NOTEBOOK}
-    profile: light-training
+    profile: notebook
 """
     assert run_suite(capsys, tmp_path, results)[0] == 0
     other = tmp_path / "other.yaml"
@@ -137,7 +137,7 @@ def test_p_tests_other_policies_than_the_suite_names(
     )
     code, lines, _ = run_suite(capsys, tmp_path, results, "-p", str(other))
     assert code == 1
-    assert lines[1].endswith("FAIL    expected profile light-training, got whole")
+    assert lines[1].endswith("FAIL    expected profile notebook, got whole")
 
 
 def test_the_bundled_suites_still_pass(capsys: pytest.CaptureFixture[str]) -> None:

@@ -208,7 +208,7 @@ def test_workspace_shares_a_gpu_like_a_notebook(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
     decision = mutate(create(example("workspace")), default_policies, cluster)
-    assert (decision.profile, decision.rule) == ("light-training", "rule/notebooks")
+    assert (decision.profile, decision.rule) == ("notebook", "rule/notebooks")
     limits = container(apply_ops(example("workspace"), decision), "main")["resources"]["limits"]
     assert (limits.get("nvidia.com/gpu"), limits["volcano.sh/vgpu-number"]) == (None, "1")
     assert limits["volcano.sh/vgpu-cores"] == "50"

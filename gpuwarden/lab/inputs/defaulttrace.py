@@ -25,6 +25,12 @@ PyTorchJobs of 2-8 GPUs and pipeline training of 4-8, with few notebooks and tri
 (:func:`oversubscribed_week`) is light work asking about 1.5x the week (notebooks, predictors and
 the pipelines' data loading, at busy 0.1-0.3), with nightly 4-8 GPU pipeline training, a few
 PyTorchJobs and HPO trials beside it, its busy-weighted work well under the GPUs' time.
+
+Every week's notebook sessions end in an **idle tail** (the trace's ``idle``): an assumption, drawn
+by :func:`idle_tail` from a generator of its own (the other rows are those of the weeks without
+tails). Half the sessions are closed when their work is done; 30% are left open for 1-4 hours
+(lunch, meetings, the end of the day); 20% are left open overnight, until their user comes back at
+08:00-10:00 the next day. In the tail the notebook holds its GPU and keeps it busy 0.
 """
 
 from __future__ import annotations
@@ -96,8 +102,26 @@ OVERSUBSCRIBED_WEEK_SHAPE = WeekShape(
 )
 
 
+#: Shares of notebook sessions closed at once, left open for hours, and left open overnight.
+IDLE_TAIL_SHARES = (0.5, 0.3, 0.2)
+
+
+def idle_tail(rng: random.Random, ends: float) -> float:
+    """Seconds a notebook session whose work ends at ``ends`` (from the week's start) sits idle
+    before its user closes it: see the module docstring."""
+    draw = rng.random()
+    closed, hours, _ = IDLE_TAIL_SHARES
+    if draw < closed:
+        return 0.0
+    if draw < closed + hours:
+        return rng.uniform(1, 4) * HOUR
+    back = (ends // DAY + 1) * DAY + rng.uniform(8, 10) * HOUR
+    return back - ends
+
+
 def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
     rng = random.Random(seed)
+    tails = random.Random(seed + 1)  # apart, so the other rows stay those drawn without tails
     rows: list[dict[str, object]] = []
 
     def add(
@@ -157,15 +181,19 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
         weekday = day < 5
         # algorithm team: office hours on weekdays, a few jobs at the weekend.
         for _ in range(shape.notebooks if weekday else shape.weekend_notebooks):
+            opened = day * DAY + rng.uniform(9, 17) * HOUR
+            work = rng.uniform(*shape.notebook_hours)
+            idle = round(idle_tail(tails, opened + work * HOUR), 1)
             add(
-                day * DAY + rng.uniform(9, 17) * HOUR,
+                opened,
                 "algo-team",
                 "notebook",
                 "explore",
                 1,
-                rng.uniform(*shape.notebook_hours),
+                work + idle / HOUR,
                 rng.uniform(3, 10),
                 busy=0.1,
+                idle=idle,
             )
         for _ in range(shape.training_jobs if weekday else shape.weekend_jobs):
             add(
@@ -232,6 +260,7 @@ def _generate(shape: WeekShape, seed: int) -> list[TraceRow]:
             busy=float(r.get("busy", DEFAULT_BUSY[str(r["kind"])])),  # type: ignore[arg-type]
             checkpoint=r.get("checkpoint"),  # type: ignore[arg-type]
             run=r.get("run"),  # type: ignore[arg-type]
+            idle=float(r.get("idle", 0.0)),  # type: ignore[arg-type]
         )
         for index, r in enumerate(rows, start=1)
     ]

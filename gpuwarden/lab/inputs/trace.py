@@ -24,6 +24,11 @@ run        rows with the same ``run`` execute one after another in row order, li
            pipeline's steps (optional); their ``at`` must not go back in time
 products   GPU Feature Discovery product names the pod may run on (a list in YAML,
            ``a;b`` in CSV; optional: any GPU)
+idle       notebook rows: the last part of ``duration`` (seconds, or a duration) in which
+           the session's work is done and it sits idle, holding its GPU, until its user
+           closes it (optional; absent or 0: busy to the end)
+idle_busy  the share of a GPU's SMs it keeps busy in that idle tail, 0..1 (optional,
+           only with ``idle``; default 0, at most ``busy``)
 =========  ===========================================================================
 
 Parsing is pure: text in, rows out, or a :class:`TraceError` naming the row.
@@ -58,6 +63,8 @@ FIELDS = (
     "checkpoint",
     "run",
     "products",
+    "idle",
+    "idle_busy",
 )
 REQUIRED = ("at", "namespace", "kind", "gpus", "duration", "memory")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
@@ -98,6 +105,18 @@ class TraceRow:
     checkpoint: float | None = None  # seconds between checkpoints; None: none
     run: str | None = None  # rows of one run execute one after another
     gpu_products: tuple[str, ...] = ()  # GFD product names it may run on (); any)
+    idle: float = 0.0  # notebooks: seconds at the end of ``duration`` it sits idle
+    idle_busy: float = 0.0  # SM share kept busy in that idle tail
+
+    @property
+    def idle_from(self) -> float | None:
+        """When its idle tail starts (seconds from the start; None: it has none)."""
+        return self.at + self.duration - self.idle if self.idle > 0 else None
+
+    @property
+    def work_duration(self) -> float:
+        """``duration`` without its idle tail: how long it is wanted for work."""
+        return self.duration - self.idle
 
     @property
     def batch(self) -> bool:
@@ -189,6 +208,9 @@ def parse_row(raw: Mapping[str, Any], row: int, namespaces: Collection[str]) -> 
         memory = parse_non_negative(raw["memory"])
     except QuantityError as exc:
         raise ValueError(f"memory {raw['memory']!r}: {exc}") from None
+    if raw.get("busy") in (None, ""):
+        busy = min(busy, gpus)
+    idle, idle_busy = parse_idle(raw, kind, duration, busy)
     return TraceRow(
         row=row,
         at=at,
@@ -199,11 +221,43 @@ def parse_row(raw: Mapping[str, Any], row: int, namespaces: Collection[str]) -> 
         duration=duration,
         memory_used=memory,
         labels=_labels(raw.get("labels")),
-        busy=min(busy, gpus) if raw.get("busy") in (None, "") else busy,
+        busy=busy,
         checkpoint=checkpoint,
         run=run,
         gpu_products=tuple(products),
+        idle=idle,
+        idle_busy=idle_busy,
     )
+
+
+def parse_idle(
+    raw: Mapping[str, Any], kind: str, duration: float, busy: float
+) -> tuple[float, float]:
+    """(``idle``, ``idle_busy``) of a row: a notebook's idle tail within its duration, and
+    what it keeps busy then (no more than at work); ValueError else."""
+    given, tail_busy = raw.get("idle"), raw.get("idle_busy")
+    if given in (None, ""):
+        if tail_busy not in (None, ""):
+            raise ValueError("idle_busy is the busy share of an idle tail: give idle too")
+        return 0.0, 0.0
+    idle = parse_seconds(given)
+    if idle and kind != "notebook":
+        raise ValueError(
+            f"idle {given!r}: only notebook rows have an idle tail (this row is a {kind})"
+        )
+    if not 0 <= idle <= duration:
+        raise ValueError(f"idle {given!r} must be from 0 to the row's duration ({duration:g}s)")
+    share = 0.0
+    if tail_busy not in (None, ""):
+        try:
+            share = parse_share(tail_busy)
+        except ValueError as exc:
+            raise ValueError(f"idle_{exc}") from None
+        if share > busy:
+            raise ValueError(
+                f"idle_busy {tail_busy!r} is above the row's busy ({busy:g}): idle keeps less busy"
+            )
+    return idle, share
 
 
 def parse_gpus(value: object) -> float:
@@ -326,6 +380,8 @@ def trace_csv(rows: Iterable[TraceRow]) -> str:
                 "" if r.checkpoint is None else repr(r.checkpoint),
                 r.run or "",
                 ";".join(r.gpu_products),
+                repr(r.idle) if r.idle else "",
+                repr(r.idle_busy) if r.idle else "",
             ]
         )
     return out.getvalue()

@@ -24,6 +24,8 @@ from gpuwarden.lab.planning.sizing import (
 from gpuwarden.lab.planning.strategies import Layout, Strategy
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
 from gpuwarden.policy.admission.manifests import priority_class
+from gpuwarden.policy.pod.record import IdleRecord
+from gpuwarden.policy.pod.record import PodRecord as DecisionRecord
 from gpuwarden.policy.render.objects import render
 from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
@@ -125,3 +127,19 @@ def plan_strategy(
     decisions = {} if policies is None else decide_rows(policies, rows, view)
     resolved, notes = resolve_layout(layout, strategy, rows, decisions)
     return StrategyPlan(strategy, resolved, tuple(notes), classes, view, decisions)
+
+
+def idle_stop_rules(plan: StrategyPlan, rows: Sequence[TraceRow]) -> dict[int, IdleRecord]:
+    """The idle rule that stops each notebook row with an idle tail, as the webhook recorded it
+    on the row's decided pod (``gpuwarden.io/idle``, what the node agent reads), by row; rows
+    whose profile has none, or only ``notify``, are left out (notify stops nothing)."""
+    out: dict[int, IdleRecord] = {}
+    for row in rows:
+        decided = plan.decisions.get(row.row)
+        if decided is None or row.kind != "notebook" or row.idle_from is None:
+            continue
+        annotations = (decided.pod.get("metadata") or {}).get("annotations") or {}
+        rule = DecisionRecord.from_annotations(annotations, ("idle",)).idle
+        if rule is not None and rule.action == "stop":
+            out[row.row] = rule
+    return out

@@ -258,6 +258,38 @@ def builtin_strategies(default_policies: Path) -> list[Strategy]:
     ]
 
 
+# --- without idle rules ----------------------------------------------------------------------
+
+#: A strategy's name with this suffix is that strategy with its profiles' idle rules removed.
+NO_IDLE_SUFFIX = "-no-idle"
+
+
+def without_idle_rules(base: Strategy) -> Strategy:
+    """``base`` with no profile's ``idle`` rule: the same policy, its idle notebooks left
+    holding their GPUs until their users close them."""
+    if base.policies is None:
+        raise ValueError(f"strategy {base.name} has no policy to remove idle rules from")
+    sources: list[tuple[str, str]] = []
+    for source, text in base.sources:
+        docs = list(yaml.safe_load_all(text))
+        for doc in docs:
+            spec = doc.get("spec") if isinstance(doc, Mapping) else None
+            if not isinstance(spec, dict):
+                continue
+            for profile in spec.get("profiles") or []:
+                if isinstance(profile, dict):
+                    profile.pop("idle", None)
+        sources.append((source, yaml.safe_dump_all(docs, sort_keys=False)))
+    note = "its profiles' idle rules removed: idle notebooks keep their GPUs until closed"
+    return replace(
+        base,
+        name=base.name + NO_IDLE_SUFFIX,
+        policies=load_texts(sources),
+        notes=(*base.notes, note),
+        sources=tuple(sources),
+    )
+
+
 # --- tenant queues (Kueue) -------------------------------------------------------------------
 
 

@@ -6,25 +6,32 @@ scheduler: it says when a row's pod is created (at the row's arrival, after the 
 in its ``run``, or again after a preemption, as a Job, PyTorchJob, Katib or KServe controller
 would recreate it), and when a pod's work is done (a batch pod once the
 :class:`~gpuwarden.lab.replay.work.WorkModel` says it has done its work, a service at the end of its
-lifetime). Where a pod runs is what the scheduler bound it to.
+lifetime, or a notebook the node agent stopped once its idle tail outlasted its profile's idle
+rule). Where a pod runs is what the scheduler bound it to.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.lab.inputs.workloads import dns_label
 from gpuwarden.lab.replay.records import PodRecord, RowOutcome
 from gpuwarden.lab.replay.work import Stopped, WorkModel
+from gpuwarden.policy.pod.record import IdleRecord
 
 #: Simulated seconds before a controller recreates a preempted pod: the Job controller's first
 #: backoff (10 s) for batch kinds; a ReplicaSet or StatefulSet replaces a server at once.
 BATCH_BACKOFF = 10.0
 SERVICE_BACKOFF = 1.0
+#: Seconds between the node agent's passes (``gpuwarden node-agent --interval``, default 10): it
+#: starts a pod's idle episode at its first pass that finds it idle, and acts at the first pass
+#: ``after`` past that, so at most this long after the idle time a rule names.
+DETECTION_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +59,16 @@ class Withdraw:
     namespace: str
 
 
-Action = Create | Complete | Withdraw
+@dataclass(frozen=True)
+class IdleStop:
+    """The node agent stopped the idle notebook (``kubeflow-resource-stopped``) and its
+    controller scaled it to zero: delete the pod."""
+
+    name: str
+    namespace: str
+
+
+Action = Create | Complete | Withdraw | IdleStop
 
 
 @dataclass
@@ -67,7 +83,8 @@ class _Row:
 
 def _outcome(row: TraceRow, horizon: float) -> RowOutcome:
     # A service is offered for its lifetime within the horizon; batch work in full.
-    span = row.duration if row.batch else min(row.duration, horizon - row.at)
+    # A notebook's idle tail is no service: its user's work was done.
+    span = row.duration if row.batch else max(0.0, min(row.work_duration, horizon - row.at))
     return RowOutcome(
         row.row, row.namespace, row.kind, row.gpus * span, asked=row.gpus, batch=row.batch
     )
@@ -80,6 +97,9 @@ class Ledger:
     horizon: float
     records: dict[str, PodRecord] = field(default_factory=dict)
     backlog: list[tuple[float, float]] = field(default_factory=lambda: [(0.0, 0.0)])
+    # Notebook rows whose pod carries an idle rule with action stop (gpuwarden.io/idle), by row.
+    idle_rules: Mapping[int, IdleRecord] = field(default_factory=dict)
+    detection: float = DETECTION_INTERVAL
 
     def __post_init__(self) -> None:
         self._rows = {
@@ -91,6 +111,7 @@ class Ledger:
         self._seq = itertools.count()
         self._next_step: dict[int, TraceRow] = {}
         self._pending = 0.0
+        self._idle_stops: dict[str, float] = {}  # pod name -> when the idle rule stops it
         runs: dict[str, list[TraceRow]] = {}
         for r in sorted((s.row for s in self._rows.values()), key=lambda r: r.row):
             if r.run is None:
@@ -141,6 +162,8 @@ class Ledger:
     def _timer(self, what: str, state: _Row, at: float) -> list[Action]:
         if what == "end":
             return self._end_service(state, at)
+        if what in ("idle", "stop"):
+            return self._idle_timer(what, state, at)
         if state.over or state.pod is not None:
             return []
         if not state.row.batch and at >= state.row.at + state.row.duration:
@@ -199,6 +222,47 @@ class Ledger:
         state.kept = stopped.kept
         return stopped
 
+    # -- idle tails -------------------------------------------------------------------------
+
+    def _idle_tail(self, state: _Row, record: PodRecord) -> None:
+        """The bound pod's idle tail, and when its idle rule stops it (never before the tail
+        starts, only if its tail keeps less than ``below`` of its GPUs busy, as the node agent
+        judges: busy over the GPUs allocated)."""
+        row = state.row
+        start = row.idle_from
+        if start is None or record.bound is None:
+            return
+        record.idle_from = max(start, record.bound)
+        record.idle_until = row.at + row.duration
+        self._at(record.idle_from, "idle", row.row)
+        rule = self.idle_rules.get(row.row)
+        if rule is None or rule.action != "stop" or record.gpus <= 0:
+            return
+        if Decimal(row.idle_busy * 100 / record.gpus) >= rule.below:
+            return
+        stop = record.idle_from + rule.after + self.detection
+        if stop < record.idle_until:
+            self._idle_stops[record.name] = stop
+            self._at(stop, "stop", row.row)
+
+    def _idle_timer(self, what: str, state: _Row, at: float) -> list[Action]:
+        name = state.pod
+        if name is None or name not in self.records:
+            return []
+        record = self.records[name]
+        if what == "idle":
+            if record.idle_from == at and record.ended is None:
+                self.model.idle(name, at, state.row.idle_busy)
+            return []
+        if self._idle_stops.get(name) != at or record.ended is not None:
+            return []  # a timer of an attempt before this one
+        del self._idle_stops[name]
+        self._stop(state, name, at)
+        record.ended = record.idle_stopped = at
+        state.over = True
+        state.pod = None
+        return [IdleStop(name, state.row.namespace)]
+
     def _waiting(self, record: PodRecord, sign: int, at: float) -> None:
         """The GPUs asked by pods waiting to be placed change at ``at``."""
         self._pending += sign * record.asked
@@ -255,6 +319,7 @@ class Ledger:
             target=row.duration if row.batch else None,
             checkpoint=row.checkpoint if row.batch else None,
         )
+        self._idle_tail(state, record)
 
     def evicted(self, name: str, reason: str | None) -> None:
         """Kueue marked the pod for deletion to preempt it, for ``reason`` (None: it did not)."""

@@ -32,6 +32,11 @@ class PodRecord:
     evicted_by: str | None = None  # Kueue's preemption reason, when Kueue preempted it
     lost: float = 0.0  # GPU-seconds of full-speed work lost when it was preempted
     redone: float = 0.0  # GPU-seconds of busy spent on that lost work (redone after restart)
+    # A notebook's idle tail while this pod held its GPUs: from when (its row's tail start, or
+    # its binding if later) until its user would have closed it; when an idle rule stopped it.
+    idle_from: float | None = None
+    idle_until: float | None = None
+    idle_stopped: float | None = None
 
 
 @dataclass

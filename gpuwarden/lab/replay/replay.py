@@ -9,7 +9,8 @@ decision the webhook would return, byte for byte), and it is created through the
 informer (:mod:`gpuwarden.kube.informer`) on the replayed pods reports to the ledger when the
 scheduler bound each pod and which pods it deleted to preempt them; when the work model says a
 pod's work is done, the replay marks it so and KWOK turns it Succeeded, which frees its GPUs for
-the scheduler.
+the scheduler. A notebook whose idle tail outlasts the idle rule (``action: stop``) recorded on its
+pod is deleted, as its controller does once the node agent stops the Notebook.
 
 A strategy with tenant queues (:attr:`Strategy.kueue`) also runs Kueue on its lab
 (:mod:`gpuwarden.lab.cluster.kueue`) with the objects ``gpuwarden render --kueue`` writes for it:
@@ -46,10 +47,10 @@ from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.cluster.stages import WORK_DONE
 from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
-from gpuwarden.lab.planning.plan import StrategyPlan, attempt_pod
+from gpuwarden.lab.planning.plan import StrategyPlan, attempt_pod, idle_stop_rules
 from gpuwarden.lab.planning.strategies import queue_objects
 from gpuwarden.lab.replay.admitted import AdmittedMemory
-from gpuwarden.lab.replay.ledger import Action, Complete, Create, Ledger, Withdraw
+from gpuwarden.lab.replay.ledger import Action, Complete, Create, IdleStop, Ledger, Withdraw
 from gpuwarden.lab.replay.records import PodRecord, RowOutcome
 from gpuwarden.lab.replay.work import NodeGpus, WorkModel
 from gpuwarden.policy import (
@@ -180,7 +181,7 @@ class Replay:
                 for name in pool.node_names
             }
         )
-        self.ledger = Ledger(rows, self.model, horizon)
+        self.ledger = Ledger(rows, self.model, horizon, idle_rules=idle_stop_rules(plan, rows))
         self.outcomes: list[RowOutcome] = []
         self._admitted = AdmittedMemory()
         self._lock = threading.Lock()
@@ -284,7 +285,7 @@ class Replay:
                 # KWOK's lab-pod-work-done stage turns it Succeeded, as its kubelet would.
                 patch = {"metadata": {"annotations": {WORK_DONE: f"{self.now():.0f}"}}}
                 core.patch_namespaced_pod(action.name, action.namespace, patch)
-            elif isinstance(action, Withdraw):
+            elif isinstance(action, Withdraw | IdleStop):
                 core.delete_namespaced_pod(action.name, action.namespace)
         except ApiException as exc:
             if exc.status != _HTTP_NOT_FOUND:  # preempted meanwhile: nothing left to end

@@ -64,6 +64,7 @@ class _Running:
     target: float | None  # progress at which it completes (None: a service)
     checkpoint: float | None
     speed: float = 0.0
+    serving: bool = True  # a service doing its work (False: sitting idle, serving nothing)
     updated: float = 0.0
     degraded: float = 0.0  # seconds on a GPU whose busy sum exceeded 1
     busy_seconds: float = 0.0  # GPU-seconds of busy credited to it
@@ -187,6 +188,17 @@ class WorkModel:
             busy=pod.busy_seconds,
         )
 
+    def idle(self, key: str, at: float, busy: float) -> None:
+        """Service ``key`` sits idle from ``at`` on: it keeps ``busy`` of its GPUs' SMs busy
+        (at most what it kept busy at work) and serves nothing more (a notebook's idle tail)."""
+        self.advance(at)
+        pod = self._running.get(key)
+        if pod is None or not pod.service or not pod.serving:
+            return
+        pod.busy = min(busy, pod.busy)
+        pod.serving = False
+        self._respeed(self._now)
+
     # -- time -----------------------------------------------------------------------------
 
     def advance(self, at: float) -> None:
@@ -218,7 +230,7 @@ class WorkModel:
             allocated += sum(pod.shares)
             scaling = min(1.0, len(pod.gpus) / pod.asked) if pod.asked > 0 else 1.0
             contention = min((1.0 / max(1.0, loads[g]) for g in pod.gpus), default=0.0)
-            speed = scaling * pod.capped * contention
+            speed = scaling * pod.capped * contention if pod.serving else 0.0
             if speed != pod.speed or not pod.history:
                 pod.history.append((at, pod.progress, speed))
                 pod.speed = speed

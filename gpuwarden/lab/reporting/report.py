@@ -14,6 +14,8 @@
 * **wait**: from creation to binding, per tenant namespace, for pods that were placed;
 * **preempted**: pods deleted by the scheduler to make room; **never placed**: still unbound
   when the replay ended; **refused**: denied by gpuwarden's admission;
+* **idle tails**: GPU-hours notebooks held while sitting idle after their work (the trace's
+  ``idle``), and those an idle rule gave back by stopping them before their users closed them;
 * **tenant queues** (strategies with Kueue): per tenant its entitled share (nominal quota over
   the cluster's GPUs), the share of the GPUs it held over time, the GPU-hours it held above its
   quota as Kueue counts it (borrowed) and the work lost when Kueue took GPUs back (reclaim).
@@ -209,6 +211,7 @@ class StrategyReport:
     queues: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # tenant -> figures
     # Of the GPU busy average: the share spent on work preemption threw away (done again).
     gpu_busy_redone: float = 0.0
+    idle: IdleTails | None = None  # None: no pod had an idle tail
 
     @property
     def gpu_busy_useful(self) -> float:
@@ -247,9 +250,46 @@ class StrategyReport:
             "tenants": {ns: dict(values) for ns, values in self.tenants.items()},
             "kinds": {kind: dict(values) for kind, values in self.kinds.items()},
             "tenantQueues": {tenant: dict(values) for tenant, values in self.queues.items()},
+            **(self.idle.as_json() if self.idle is not None else {}),
             "pods": self.pods,
             "notes": list(self.notes),
         }
+
+
+@dataclass(frozen=True)
+class IdleTails:
+    """Notebooks' idle tails in one replay (GPU-hours are physical GPUs held: a slice holds
+    1/replicas)."""
+
+    held_gpu_hours: float  # held by pods sitting idle, until they ended or the horizon
+    returned_gpu_hours: float  # of the idle tails, given back by an idle rule's stop
+    stopped: int  # notebooks an idle rule stopped
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "idleGpuHoursHeld": self.held_gpu_hours,
+            "idleGpuHoursReturned": self.returned_gpu_hours,
+            "idleStopped": self.stopped,
+        }
+
+
+def idle_tails(records: Iterable[PodRecord], horizon: float) -> IdleTails | None:
+    """GPU-hours held idle and given back, by the horizon (None: no pod had an idle tail)."""
+    held_seconds = returned = 0.0
+    stopped = 0
+    tails = False
+    for record in records:
+        if record.idle_from is None or record.bound is None:
+            continue
+        tails = True
+        end = min(record.ended if record.ended is not None else horizon, horizon)
+        held_seconds += record.gpus * max(0.0, end - record.idle_from)
+        if record.idle_stopped is not None and record.idle_until is not None:
+            stopped += 1
+            returned += record.gpus * max(0.0, min(record.idle_until, horizon) - end)
+    if not tails:
+        return None
+    return IdleTails(_hours(held_seconds), _hours(returned), stopped)
 
 
 def percentile(values: Sequence[float], fraction: float) -> float | None:
@@ -468,6 +508,7 @@ def summarize(
         notes=tuple(notes),
         refusals=tuple(refusals),
         gpu_busy_redone=sum(r.redone for r in pods) / (capacity * whole),
+        idle=idle_tails(pods, horizon),
         queues=(
             {}
             if quotas is None
@@ -564,6 +605,11 @@ def _queue_cell(report: StrategyReport, namespace: str) -> str:
     )
 
 
+def _name_width(reports: Sequence[StrategyReport]) -> int:
+    """The strategy column: 18 wide, or as wide as the longest name (default-policy-no-idle)."""
+    return max([18, *(len(r.strategy) for r in reports)])
+
+
 def _grid(
     reports: Sequence[StrategyReport],
     columns: Sequence[str],
@@ -571,9 +617,30 @@ def _grid(
 ) -> list[str]:
     """A header of columns (tenant namespaces or kinds), then a line per strategy of ``cell``
     for each."""
-    lines = [f"{'strategy':<18} " + " ".join(f"{c:>20}" for c in columns)]
+    width = _name_width(reports)
+    lines = [f"{'strategy':<{width}} " + " ".join(f"{c:>20}" for c in columns)]
     for r in reports:
-        lines.append(f"{r.strategy:<18} " + " ".join(f"{cell(r, c):>20}" for c in columns))
+        lines.append(f"{r.strategy:<{width}} " + " ".join(f"{cell(r, c):>20}" for c in columns))
+    return lines
+
+
+def _idle_lines(reports: Sequence[StrategyReport]) -> list[str]:
+    """The idle tails' section (none when no strategy's pods had one)."""
+    if all(r.idle is None for r in reports):
+        return []
+    width = _name_width(reports)
+    lines = [
+        "",
+        "notebooks' idle tails (open after their work): GPU-hours held idle, given back by an",
+        "idle rule, notebooks stopped:",
+        f"{'strategy':<{width}} {'idle GPU-h held':>15} {'given back':>10} {'stopped':>7}",
+    ]
+    for r in reports:
+        idle = r.idle or IdleTails(0.0, 0.0, 0)
+        lines.append(
+            f"{r.strategy:<{width}} {idle.held_gpu_hours:>15,.1f} {idle.returned_gpu_hours:>10,.1f} "
+            f"{idle.stopped:>7}"
+        )
     return lines
 
 
@@ -581,8 +648,9 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     """The terminal table: the trace's load, a line per strategy, then tenants' waits and
     delivered work."""
     lines = [load_line(load), ""] if load is not None else []
+    width = _name_width(reports)
     lines.append(
-        f"{'strategy':<18} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
+        f"{'strategy':<{width}} {'delivered GPU-h':>15} {'jobs done':>10} {'GPU busy':>8} "
         f"{'busy (useful)':>13} {'redone':>6} {'of work ceiling':>15} {'of busy ceiling':>15} "
         f"{'alloc':>5} {'peak':>5} {'mem used':>8} {'preempted':>9} {'lost GPU-h':>10} "
         f"{'degraded':>8} {'never placed':>12} {'refused':>7}"
@@ -592,7 +660,7 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
         delivered = r.delivered_gpu_hours / r.offered_gpu_hours if r.offered_gpu_hours else 0.0
         work, busy = load.ceiling_shares(r) if load is not None else (None, None)
         lines.append(
-            f"{r.strategy:<18} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
+            f"{r.strategy:<{width}} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
             f"{f'{r.jobs_completed}/{r.jobs}':>10} {r.gpu_busy_average:>8.0%} "
             f"{r.gpu_busy_useful:>13.0%} {r.gpu_busy_redone:>6.1%} {_share(work):>15} "
             f"{_share(busy):>15} "
@@ -613,6 +681,7 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     lines.append("")
     lines.append("GPU work delivered per tenant, GPU-hours (share of what it asked):")
     lines += _grid(reports, namespaces, _delivered_cell)
+    lines += _idle_lines(reports)
     queued = [r for r in reports if r.queues]
     if queued:
         lines.append("")
