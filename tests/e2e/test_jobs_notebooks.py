@@ -187,9 +187,9 @@ def test_an_allowed_notebook_is_stored_as_its_pod_will_be(
     assert expected.allowed
     assert stored["spec"] == expected.pod["spec"]
     assert stored["metadata"]["annotations"] == expected.pod["metadata"]["annotations"]
-    assert stored["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert stored["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
     assert stored["spec"]["template"]["spec"]["schedulerName"] == "volcano"
-    assert "gpuwarden: Notebook: profile light-training via rule/notebooks (tenant tenant-a)" in (
+    assert "gpuwarden: Notebook: profile notebook via rule/notebooks (tenant tenant-a)" in (
         warnings
     )
     (replica,) = jobs.replica_templates(stored)

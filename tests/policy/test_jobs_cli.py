@@ -122,17 +122,17 @@ def test_apply_explain_and_review_take_a_notebook(
     code, out, err = run(capsys, "apply", *DRY_RUN, "-o", "pods", str(NOTEBOOK))
     assert code == 0, err
     assert (
-        "tenant-a/alice-jupyter Notebook: allowed (profile light-training via rule/notebooks)"
+        "tenant-a/alice-jupyter Notebook: allowed (profile notebook via rule/notebooks)"
         in err
     )
     (pod,) = yaml.safe_load_all(out)
     assert pod["metadata"]["name"] == "alice-jupyter-0"
     assert pod["metadata"]["labels"]["notebook-name"] == "alice-jupyter"
-    assert pod["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert pod["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
     code, out, _ = run(capsys, "apply", *DRY_RUN, str(NOTEBOOK))
     assert code == 0
     nb = yaml.safe_load(out)
-    assert nb["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert nb["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
     assert nb["spec"]["template"]["spec"]["schedulerName"] == "volcano"
     code, out, _ = run(capsys, "explain", *DRY_RUN, str(NOTEBOOK))
     assert code == 0

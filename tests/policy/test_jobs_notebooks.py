@@ -132,7 +132,7 @@ def test_the_pod_of_the_mutated_notebook_needs_no_change(
     assert mutated == result.pod
     # The pod's annotations go on the Notebook, which the controller copies onto the pod; the
     # template has no metadata (the CRD would prune it).
-    assert mutated["metadata"]["annotations"]["gpuwarden.io/profile"] == "light-training"
+    assert mutated["metadata"]["annotations"]["gpuwarden.io/profile"] == "notebook"
     assert "metadata" not in mutated["spec"]["template"]
     assert mutated["spec"]["template"]["spec"]["schedulerName"] == "volcano"
     pod = predicted(mutated)
