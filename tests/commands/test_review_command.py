@@ -83,7 +83,7 @@ async def test_the_sample_review_is_allowed_with_the_dry_runs_patch(
         f"{len(expected)} patch operation(s)"
     )
     assert (
-        "  warning: gpuwarden: profile light-training via rule/notebooks (tenant tenant-a)" in lines
+        "  warning: gpuwarden: profile notebook via rule/notebooks (tenant tenant-a)" in lines
     )
 
     code, out, _ = await review(capsys, server, certs, "-o", "patch", str(SAMPLE))
