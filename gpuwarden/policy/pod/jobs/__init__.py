@@ -3,7 +3,7 @@ creates from it.
 
 Each family of kinds lives in its own module, citing its controller's source: the Training
 Operator's v1 jobs (:mod:`.trainingoperator`), batch/v1 Jobs (:mod:`.batch`), Katib's Experiments
-and trials (:mod:`.katib`). This module holds the registry and what callers use: which kind an
+and trials (:mod:`.katib`), the Trainer's TrainJobs (:mod:`.trainer`). This module holds the registry and what callers use: which kind an
 object is, its replica templates, and the pod a replica becomes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch, katib, trainingoperator
+from gpuwarden.policy.pod.jobs import batch, katib, trainer, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -27,6 +27,7 @@ __all__ = [
     "CONTROLLER_LABELS",
     "EXPERIMENT",
     "TRAINING_OPERATOR_KINDS",
+    "TRAINJOB",
     "JobKind",
     "JobShapeError",
     "ReplicaTemplate",
@@ -46,8 +47,9 @@ TRAINING_OPERATOR_KINDS: Mapping[str, trainingoperator.TrainingOperatorKind] = {
 }
 BATCH_JOB = batch.BATCH_JOB
 EXPERIMENT = katib.EXPERIMENT
+TRAINJOB = trainer.TRAINJOB
 #: Every kind the job webhooks admit, in the order the chart's rules list them.
-ALL_KINDS: tuple[JobKind, ...] = (*trainingoperator.KINDS, BATCH_JOB, EXPERIMENT)
+ALL_KINDS: tuple[JobKind, ...] = (*trainingoperator.KINDS, BATCH_JOB, EXPERIMENT, TRAINJOB)
 _BY_API = {(k.api_version, k.kind): k for k in ALL_KINDS}
 #: Labels a controller (or the API server) writes on the pods itself: a pod patch that touches
 #: one has no twin in the template.
@@ -62,6 +64,7 @@ CONTROLLER_LABELS = frozenset(
         *batch.UID_LABELS,
         batch.INDEX_LABEL,
         katib.TRIAL_LABEL,
+        *trainer.JOBSET_LABELS,
     }
 )
 
@@ -140,7 +143,9 @@ def replica_pod(
         **(labels if isinstance(labels, Mapping) else {}),
         **controller_labels(job, replica.name, index),
     }
-    meta["generateName" if kind.generate_name else "name"] = kind.pod_name(job, replica.name, index)
+    meta["generateName" if kind.generates_names(job) else "name"] = kind.pod_name(
+        job, replica.name, index
+    )
     meta["namespace"] = namespace
     spec = dict(template.get("spec") or {})
     if replica.restart_policy is not None:
