@@ -724,6 +724,10 @@ def test_a_trainjob_carries_the_node_resources_and_leaves_the_rest_to_the_pod_we
     result = admit_job(create(job), default_policies, cluster)
     assert result.allowed and result.mutation.rule == "rule/trainer-nodes"
     assert {op["path"] for op in result.mutation.patch} == {"/spec/trainer/resourcesPerNode"}
+    assert (
+        "gpuwarden: node: the TrainJob holds only its node container's resources; the rest is "
+        "the pod webhook's, on each pod"
+    ) in result.mutation.warnings
     mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
     assert mutated == result.pod
     resources = mutated["spec"]["trainer"]["resourcesPerNode"]
@@ -790,14 +794,21 @@ def test_trainjobs_without_resources_per_node_are_left_to_the_pod_webhook() -> N
 def test_a_trainjob_that_cannot_be_read_is_refused_naming_the_field(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
-    job = trainjob()
-    job["spec"]["trainer"]["resourcesPerNode"] = ["nvidia.com/gpu"]
-    result = admit_job(create(job), default_policies, cluster)
-    assert result.validation.code == 400
-    assert result.validation.message == (
-        "gpuwarden cannot read the TrainJob's replicas: spec.trainer.resourcesPerNode must be an "
-        "object"
-    )
+    for resources, field in (
+        (["nvidia.com/gpu"], "spec.trainer.resourcesPerNode must be an object"),
+        ({"limits": "8"}, "spec.trainer.resourcesPerNode.limits must be an object"),
+        (
+            {"requests": {"nvidia.com/gpu": True}},
+            "spec.trainer.resourcesPerNode.requests['nvidia.com/gpu'] must be a quantity",
+        ),
+    ):
+        job = trainjob()
+        job["spec"]["trainer"]["resourcesPerNode"] = resources
+        result = admit_job(create(job), default_policies, cluster)
+        assert result.validation.code == 400
+        assert result.validation.message.startswith(
+            f"gpuwarden cannot read the TrainJob's replicas: {field}"
+        )
 
 
 def test_an_experiment_of_trainjob_trials_is_judged_by_resources_per_node(

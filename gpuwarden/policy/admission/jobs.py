@@ -195,6 +195,14 @@ def admit_job(
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep:
             patch += replica_patch(replica, admission)
+            if replica.resources_of is not None and admission.mutation.patch:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{replica.name}: the {kind} holds only its "
+                        f"{replica.resources_of} container's resources; the rest is the pod "
+                        "webhook's, on each pod"
+                    )
+                )
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
             # they are judged too, and the template can carry only the first one's changes.

@@ -61,6 +61,18 @@ def _job_of(trainjob: Mapping[str, Any]) -> dict[str, Any]:
     return {"metadata": {"name": name}, "spec": {"completionMode": "Indexed"}}
 
 
+def _check_quantities(where: str, values: Any) -> None:
+    """``values`` checked to be a map of resource names to quantities, naming the field (the
+    pod's own shape check would name the predicted pod's fields instead)."""
+    if values is None:
+        return
+    if not isinstance(values, Mapping):
+        raise JobShapeError(f"{where} must be an object")
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise JobShapeError(f"{where}[{name!r}] must be a quantity (string or number)")
+
+
 @dataclass(frozen=True)
 class TrainJobKind(JobKind):
     """A TrainJob, judged as the trainer node's pod where it sets ``resourcesPerNode``."""
@@ -91,6 +103,8 @@ class TrainJobKind(JobKind):
             raise JobShapeError("spec.trainer.resourcesPerNode must be an object")
         if resources.get("limits") is None and resources.get("requests") is None:
             return ()  # builder.go keeps the runtime's resources then
+        for section in ("limits", "requests"):
+            _check_quantities(f"spec.trainer.resourcesPerNode.{section}", resources.get(section))
         container = {
             "name": TRAINER_NODE,
             **{k: trainer[k] for k in _CONTAINER_FIELDS if k in trainer},
