@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
@@ -25,7 +25,7 @@ from gpuwarden.policy.render.scope import (
 )
 
 from .support import EXAMPLES, read_yaml
-from .test_property import CLUSTER, FUZZ, POLICY_SETS, pods
+from .test_property import CLUSTER, FUZZ, NAMESPACES, POLICY_SETS, pods, resource_map
 
 # Each kind's replica types as its *_types.go names them (Training Operator v1.8.1).
 KIND_REPLICAS = {
@@ -833,3 +833,34 @@ def test_an_experiment_of_trainjob_trials_is_judged_by_resources_per_node(
     assert {op["path"] for op in result.mutation.patch} == {
         "/spec/trialTemplate/trialSpec/spec/trainer/resourcesPerNode"
     }
+
+
+@pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
+@FUZZ
+@given(
+    namespace=st.sampled_from(NAMESPACES),
+    resources=st.fixed_dictionaries({"limits": resource_map}, optional={"requests": resource_map}),
+)
+def test_a_trainjobs_mutated_resources_lead_to_the_same_node_pod(
+    policy_set: str, namespace: str, resources: dict[str, Any]
+) -> None:
+    """Any resources as a TrainJob's resourcesPerNode: the node pod the runtime makes of the
+    mutated TrainJob ends, after the pod webhook, as the pod of the TrainJob as written would;
+    the pod webhook no longer touches its resources."""
+    policies = POLICY_SETS[policy_set]
+    job = trainjob()
+    job["metadata"]["namespace"] = namespace
+    job["spec"]["trainer"]["resourcesPerNode"] = copy.deepcopy(resources)
+    result = admit_job(create(job, namespace), policies, CLUSTER)
+    event(f"allowed: {result.allowed}, changed: {bool(result.mutation.patch)}")
+    assume(result.allowed)
+    mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
+    as_written = admit(
+        AdmissionRequest("CREATE", namespace, runtime_pod(job, namespace)), policies, CLUSTER
+    )
+    after = admit(
+        AdmissionRequest("CREATE", namespace, runtime_pod(mutated, namespace)), policies, CLUSTER
+    )
+    assert after.allowed
+    assert not any("/resources" in op["path"] for op in after.mutation.patch)
+    assert after.pod == as_written.pod

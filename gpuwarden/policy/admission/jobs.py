@@ -88,19 +88,19 @@ def resources_patch(replica: ReplicaTemplate, pod: Mapping[str, Any]) -> list[di
     """For an object that holds one container's resources (``replica.resources_of``): those
     resources as the mutated ``pod`` has them, where they changed. The rest of the pod's patch
     has no place in the object and is left to the pod webhook."""
-    spec = pod.get("spec")
-    items = spec.get("containers") if isinstance(spec, Mapping) else None
-    for container in items if isinstance(items, list) else ():
-        if isinstance(container, Mapping) and container.get("name") == replica.resources_of:
-            resources = container.get("resources")
-            (before,) = (
-                c.get("resources")
-                for c in replica.template["spec"]["containers"]
-                if c.get("name") == replica.resources_of
-            )
-            if resources != before:
-                return [{"op": "replace", "path": pointer(list(replica.path)), "value": resources}]
-    return []
+
+    def resources_in(template: Mapping[str, Any]) -> Any:
+        spec = template.get("spec")
+        items = spec.get("containers") if isinstance(spec, Mapping) else None
+        for container in items if isinstance(items, list) else ():
+            if isinstance(container, Mapping) and container.get("name") == replica.resources_of:
+                return container.get("resources")
+        return None
+
+    after = resources_in(pod)
+    if not isinstance(after, Mapping) or after == resources_in(replica.template):
+        return []
+    return [{"op": "replace", "path": pointer(list(replica.path)), "value": after}]
 
 
 def replica_patch(replica: ReplicaTemplate, admission: Admission) -> list[dict[str, Any]]:

@@ -3,8 +3,9 @@ creates from it.
 
 Each family of kinds lives in its own module, citing its controller's source: the Training
 Operator's v1 jobs (:mod:`.trainingoperator`), batch/v1 Jobs (:mod:`.batch`), Katib's Experiments
-and trials (:mod:`.katib`), the Trainer's TrainJobs (:mod:`.trainer`). This module holds the registry and what callers use: which kind an
-object is, its replica templates, and the pod a replica becomes.
+and trials (:mod:`.katib`), the Trainer's TrainJobs (:mod:`.trainer`). This module holds the
+registry and what callers use: which kind an object is, its replica templates, and the pod a
+replica becomes.
 """
 
 from __future__ import annotations
