@@ -794,16 +794,19 @@ def test_trainjobs_without_resources_per_node_are_left_to_the_pod_webhook() -> N
 def test_a_trainjob_that_cannot_be_read_is_refused_naming_the_field(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
-    for resources, field in (
-        (["nvidia.com/gpu"], "spec.trainer.resourcesPerNode must be an object"),
-        ({"limits": "8"}, "spec.trainer.resourcesPerNode.limits must be an object"),
+    for name, value, field in (
+        ("resourcesPerNode", ["nvidia.com/gpu"], "spec.trainer.resourcesPerNode must be an object"),
+        ("resourcesPerNode", {"limits": "8"}, "spec.trainer.resourcesPerNode.limits must be an"),
         (
+            "resourcesPerNode",
             {"requests": {"nvidia.com/gpu": True}},
             "spec.trainer.resourcesPerNode.requests['nvidia.com/gpu'] must be a quantity",
         ),
+        ("image", ["x"], "spec.trainer.image must be a string"),
+        ("env", {"A": "1"}, "spec.trainer.env must be an array"),
     ):
         job = trainjob()
-        job["spec"]["trainer"]["resourcesPerNode"] = resources
+        job["spec"]["trainer"][name] = value
         result = admit_job(create(job), default_policies, cluster)
         assert result.validation.code == 400
         assert result.validation.message.startswith(

@@ -51,8 +51,15 @@ JOBSET_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 JOBSET_LABELS = (JOBSET_NAME, JOBSET_REPLICATED_JOB, JOBSET_REPLICAS, JOBSET_JOB_INDEX)
 _RESOURCES = ("spec", "trainer", "resourcesPerNode")
-# The spec.trainer fields the Trainer copies onto the node container, by their container names.
-_CONTAINER_FIELDS = ("image", "command", "args", "env")
+# The spec.trainer fields the Trainer copies onto the node container, by their container names,
+# with the JSON type each must have (checked here, so that errors name the TrainJob's field).
+_CONTAINER_SHAPES: tuple[tuple[str, type, str], ...] = (
+    ("image", str, "a string"),
+    ("command", list, "an array"),
+    ("args", list, "an array"),
+    ("env", list, "an array"),
+)
+_CONTAINER_FIELDS = tuple(field for field, _, _ in _CONTAINER_SHAPES)
 
 
 def _job_of(trainjob: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,6 +112,9 @@ class TrainJobKind(JobKind):
             return ()  # builder.go keeps the runtime's resources then
         for section in ("limits", "requests"):
             _check_quantities(f"spec.trainer.resourcesPerNode.{section}", resources.get(section))
+        for field, kind, shape in _CONTAINER_SHAPES:
+            if trainer.get(field) is not None and not isinstance(trainer[field], kind):
+                raise JobShapeError(f"spec.trainer.{field} must be {shape}")
         container = {
             "name": TRAINER_NODE,
             **{k: trainer[k] for k in _CONTAINER_FIELDS if k in trainer},
