@@ -82,9 +82,7 @@ async def test_the_sample_review_is_allowed_with_the_dry_runs_patch(
         f"tenant-a/alice-jupyter-0 ({SAMPLE}): allowed by /mutate, "
         f"{len(expected)} patch operation(s)"
     )
-    assert (
-        "  warning: gpuwarden: profile notebook via rule/notebooks (tenant tenant-a)" in lines
-    )
+    assert "  warning: gpuwarden: profile notebook via rule/notebooks (tenant tenant-a)" in lines
 
     code, out, _ = await review(capsys, server, certs, "-o", "patch", str(SAMPLE))
     assert code == 0

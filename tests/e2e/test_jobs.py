@@ -53,15 +53,16 @@ def pytorchjob_crd() -> Obj:
     return keeping_crd("PyTorchJob", PLURAL, VERSION)
 
 
-def keeping_crd(kind: str, plural: str, version: str) -> Obj:
-    """A structural kubeflow.org CRD of ``kind`` whose spec and status keep any fields."""
+def keeping_crd(kind: str, plural: str, version: str, group: str = GROUP) -> Obj:
+    """A structural CRD of ``kind`` (a kubeflow.org one by default) whose spec and status keep
+    any fields."""
     keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
+        "metadata": {"name": f"{plural}.{group}"},
         "spec": {
-            "group": GROUP,
+            "group": group,
             "names": {
                 "kind": kind,
                 "listKind": f"{kind}List",
@@ -285,21 +286,27 @@ def test_batch_jobs_reach_the_job_webhooks_only_when_they_ask_for_gpus(
         batch.delete_namespaced_job(job["metadata"]["name"], ns)
 
 
+def served_crd(
+    gpuwarden: WebhookStack, kind: str, plural: str, version: str, group: str = GROUP
+) -> Any:
+    """A keeping CRD of ``kind``, created once and served; the custom objects client."""
+    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
+    with contextlib.suppress(ApiException):
+        extensions.create_custom_resource_definition(keeping_crd(kind, plural, version, group))
+    objects: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
+    wait_for(
+        f"the {kind} CRD to be served",
+        lambda: objects.list_cluster_custom_object(group, version, plural) is not None,
+        timeout=30,
+    )
+    return objects
+
+
 def test_an_experiments_batch_trial_template_is_judged_at_submit(gpuwarden: WebhookStack) -> None:
     """A Katib Experiment (a CRD that keeps its spec, as Katib v0.19's names it) whose trialSpec
     is a batch Job asking for a GPU: sent, stored with the template mutated, refused over the
     limit with ``Trial: ...``; one of CPU trials is never sent."""
-    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
-    with contextlib.suppress(ApiException):
-        extensions.create_custom_resource_definition(
-            keeping_crd("Experiment", "experiments", "v1beta1")
-        )
-    objects: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
-    wait_for(
-        "the Experiment CRD to be served",
-        lambda: objects.list_cluster_custom_object(GROUP, "v1beta1", "experiments") is not None,
-        timeout=30,
-    )
+    objects = served_crd(gpuwarden, "Experiment", "experiments", "v1beta1")
     ns = gpuwarden.tenant_namespace(name="tenant-a")
     exp = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "katib-experiment.yaml").read_text())
     exp["metadata"] = {"name": f"hpo-{uuid.uuid4().hex[:6]}", "namespace": ns}
@@ -334,3 +341,114 @@ def _at(obj: Any, path: Sequence[str]) -> Any:
     for key in path:
         obj = obj[key]
     return obj
+
+
+def sent_once(gpuwarden: WebhookStack, create: Any, sent: bool, name: str) -> Any:
+    """``create()``, checking that the API server called the job webhooks iff ``sent``."""
+    before = gpuwarden.server.requests_answered(endpoint="mutate")
+    created = create()
+    after = gpuwarden.server.requests_answered(endpoint="mutate")
+    assert after - before == (1 if sent else 0), name
+    return created
+
+
+def test_an_experiments_pytorchjob_trials_are_judged_at_submit(gpuwarden: WebhookStack) -> None:
+    """An Experiment whose trialSpec is a PyTorchJob: its replicas judged as the trial job's
+    pods, stored mutated, refused over the limit with ``Worker: ...``; the API server sends it
+    as the CEL twin says (the trialSpec.kind guard)."""
+    objects = served_crd(gpuwarden, "Experiment", "experiments", "v1beta1")
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    exp = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "katib-experiment.yaml").read_text())
+    exp["metadata"] = {"name": f"hpo-pt-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    trial = job_in(ns)
+    del trial["metadata"]
+    exp["spec"]["trialTemplate"]["trialSpec"] = trial
+    replicas = ("spec", "trialTemplate", "trialSpec", "spec", "pytorchReplicaSpecs")
+    cpu = copy.deepcopy(exp)
+    cpu["metadata"]["name"] += "-cpu"
+    for replica in _at(cpu, replicas).values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    for job, sent in ((cpu, False), (exp, True)):
+        assert job_needs_review(job) is sent
+        sent_once(
+            gpuwarden,
+            lambda job=job: objects.create_namespaced_custom_object(
+                GROUP, "v1beta1", ns, "experiments", job
+            ),
+            sent,
+            job["metadata"]["name"],
+        )
+    stored = objects.get_namespaced_custom_object(
+        GROUP, "v1beta1", ns, "experiments", exp["metadata"]["name"]
+    )
+    assert stored["spec"] == predicted(gpuwarden, exp).pod["spec"]
+    worker = _at(stored, replicas)["Worker"]["template"]
+    assert worker["metadata"]["annotations"]["gpuwarden.io/profile"]
+    over = copy.deepcopy(exp)
+    over["metadata"]["name"] += "-over"
+    _at(over, replicas)["Worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "limits": {"nvidia.com/gpu": "64"}
+    }
+    with pytest.raises(ApiException) as refused:
+        objects.create_namespaced_custom_object(GROUP, "v1beta1", ns, "experiments", over)
+    assert "denied the request: Worker: gpuwarden denied the pod: " in api_error(refused.value)[1]
+    for job in (cpu, exp):
+        objects.delete_namespaced_custom_object(
+            GROUP, "v1beta1", ns, "experiments", job["metadata"]["name"]
+        )
+
+
+TRAINER_GROUP, TRAINER_VERSION, TRAINJOBS = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
+
+
+def test_a_trainjob_is_judged_by_its_resources_per_node(gpuwarden: WebhookStack) -> None:
+    """A TrainJob (a CRD that keeps its spec, with the Trainer v2.0.0's group, version, kind and
+    plural): over the limit, refused with ``node: ...``; allowed, stored with resourcesPerNode
+    mutated as `gpuwarden apply` predicts and nothing else changed; one asking for no GPU (or
+    leaving resources to its runtime) is never sent."""
+    objects = served_crd(gpuwarden, "TrainJob", TRAINJOBS, TRAINER_VERSION, TRAINER_GROUP)
+
+    def create(job: Obj) -> Any:
+        namespace = job["metadata"]["namespace"]
+        return objects.create_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, namespace, TRAINJOBS, job
+        )
+
+    base = yaml.safe_load((REPO_ROOT / "examples" / "jobs" / "trainjob.yaml").read_text())
+    over_ns = gpuwarden.tenant_namespace(name="tenant-b")
+    over = copy.deepcopy(base)
+    over["metadata"] = {"name": f"sft-{uuid.uuid4().hex[:6]}", "namespace": over_ns}
+    over["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = "8"
+    with pytest.raises(ApiException) as refused:
+        create(over)
+    status, text = api_error(refused.value)
+    assert status == 403
+    assert 'admission webhook "validate-jobs.gpuwarden.io" denied the request: node: ' in text
+    assert "container node asks for 8 GPUs" in text
+    assert text.endswith(predicted(gpuwarden, over).validation.message)
+
+    ns = gpuwarden.tenant_namespace(name="tenant-a")
+    job = copy.deepcopy(base)
+    job["metadata"] = {"name": f"sft-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    cpu = copy.deepcopy(job)
+    cpu["metadata"]["name"] += "-cpu"
+    cpu["spec"]["trainer"]["resourcesPerNode"] = {"limits": {"cpu": "4"}}
+    runtime = copy.deepcopy(job)
+    runtime["metadata"]["name"] += "-runtime"
+    del runtime["spec"]["trainer"]["resourcesPerNode"]
+    for obj, sent in ((cpu, False), (runtime, False), (job, True)):
+        assert job_needs_review(obj) is sent
+        stored = sent_once(gpuwarden, lambda obj=obj: create(obj), sent, obj["metadata"]["name"])
+    expected = predicted(gpuwarden, job)
+    assert expected.allowed
+    assert stored["spec"] == expected.pod["spec"]
+    changed = {k for k in job["spec"] if stored["spec"][k] != job["spec"][k]}
+    assert changed == {"trainer"}
+    trainer = {k: v for k, v in stored["spec"]["trainer"].items() if k != "resourcesPerNode"}
+    assert trainer == {k: v for k, v in job["spec"]["trainer"].items() if k != "resourcesPerNode"}
+    assert stored["spec"]["trainer"]["resourcesPerNode"]["requests"]["nvidia.com/gpu"] == "1"
+    assert stored["metadata"].get("annotations") is None
+    for obj in (cpu, runtime, job):
+        objects.delete_namespaced_custom_object(
+            TRAINER_GROUP, TRAINER_VERSION, ns, TRAINJOBS, obj["metadata"]["name"]
+        )

@@ -5,11 +5,12 @@ finds nothing left to change."""
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import jsonpatch
 import pytest
-from hypothesis import given
+from hypothesis import assume, event, given
 from hypothesis import strategies as st
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
@@ -24,7 +25,7 @@ from gpuwarden.policy.render.scope import (
 )
 
 from .support import EXAMPLES, read_yaml
-from .test_property import CLUSTER, FUZZ, POLICY_SETS, pods
+from .test_property import CLUSTER, FUZZ, NAMESPACES, POLICY_SETS, pods, resource_map
 
 # Each kind's replica types as its *_types.go names them (Training Operator v1.8.1).
 KIND_REPLICAS = {
@@ -459,6 +460,19 @@ def experiment() -> dict[str, Any]:
     return found
 
 
+def katib_trial(trial_spec: Any, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The job Katib creates for a trial (trial_controller.go, getDesiredJobSpec): the
+    trialSpec, named as the Trial and owned by it."""
+    trial = copy.deepcopy(dict(trial_spec))
+    name = "random-search-8hq2v4xk"
+    trial["metadata"] = {
+        "name": name,
+        **({"labels": labels} if labels else {}),
+        "ownerReferences": [{"apiVersion": "kubeflow.org/v1beta1", "kind": "Trial", "name": name}],
+    }
+    return trial
+
+
 def test_an_experiments_batch_trial_template_is_decided_and_mutated_for_its_trials(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
@@ -480,18 +494,7 @@ def test_an_experiments_batch_trial_template_is_decided_and_mutated_for_its_tria
     limits = mutated["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert "nvidia.com/gpu" not in limits
     # Katib's trial: the trialSpec with its parameters replaced, named and owned by the Trial.
-    trial = copy.deepcopy(dict(mutated))
-    trial["metadata"] = {
-        "name": "random-search-8hq2v4xk",
-        "labels": {"team": "vision"},
-        "ownerReferences": [
-            {
-                "apiVersion": "kubeflow.org/v1beta1",
-                "kind": "Trial",
-                "name": "random-search-8hq2v4xk",
-            }
-        ],
-    }
+    trial = katib_trial(mutated, {"team": "vision"})
     again = admit_job(create(trial), default_policies, cluster)
     assert again.allowed and again.mutation.patch == ()
     # Over the tenant's limit: refused at submit, before any trial.
@@ -503,8 +506,9 @@ def test_an_experiments_batch_trial_template_is_decided_and_mutated_for_its_tria
 
 
 def test_experiments_the_job_webhooks_do_not_judge() -> None:
-    """Trial templates of other kinds, or whose resources trial parameters set, are judged per
-    trial; the CEL twin sends only batch trialSpecs that ask for GPUs."""
+    """Trial templates of kinds gpuwarden does not read (an Argo Workflow), or whose resources
+    trial parameters set, are judged per trial; the CEL twin sends only trialSpecs of the kinds
+    it reads that ask for GPUs."""
     exp = experiment()
     assert job_needs_review(exp)
     parameterised = experiment()
@@ -512,10 +516,354 @@ def test_experiments_the_job_webhooks_do_not_judge() -> None:
     spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = "${trialParameters.gpus}"
     assert jobs.replica_templates(parameterised) == ()
     other = experiment()
-    other["spec"]["trialTemplate"]["trialSpec"] = {**job_of("PyTorchJob")}
+    other["spec"]["trialTemplate"]["trialSpec"] = {
+        **job_of("PyTorchJob"),
+        "apiVersion": "argoproj.io/v1alpha1",
+        "kind": "Workflow",
+    }
     assert jobs.replica_templates(other) == ()
     assert not job_needs_review(other)
     cpu = experiment()
     spec = cpu["spec"]["trialTemplate"]["trialSpec"]["spec"]["template"]["spec"]
     spec["containers"][0]["resources"] = {}
     assert not job_needs_review(cpu)
+
+
+# --- Katib Experiments whose trials are Training Operator jobs -------------------------------
+
+
+def pytorch_experiment() -> dict[str, Any]:
+    """The Katib Experiment with the PyTorchJob example as its trialSpec."""
+    exp = experiment()
+    trial = pytorchjob()
+    del trial["metadata"]
+    for replica in trial["spec"]["pytorchReplicaSpecs"].values():
+        replica["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 1
+    exp["spec"]["trialTemplate"]["trialSpec"] = trial
+    exp["spec"]["trialTemplate"]["primaryPodLabels"] = {"training.kubeflow.org/job-role": "master"}
+    return exp
+
+
+def test_an_experiments_pytorchjob_trials_are_decided_as_their_pods(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """Each replica of a PyTorchJob trialSpec: the pod the Training Operator creates for a
+    trial's job (named as the trial, owned by it), with Katib's labels; mutated so the job Katib
+    then creates from it needs nothing more."""
+    exp = pytorch_experiment()
+    exp["metadata"]["labels"] = {"team": "vision"}
+    replicas = jobs.replica_templates(exp)
+    assert [(r.name, r.path) for r in replicas] == [
+        (
+            name,
+            ("spec", "trialTemplate", "trialSpec", "spec", "pytorchReplicaSpecs", name, "template"),
+        )
+        for name in ("Master", "Worker")
+    ]
+    worker = jobs.replica_pod(exp, replicas[1], "tenant-a", 1)
+    assert worker["metadata"]["name"] == "random-search-trial-worker-1"
+    assert worker["metadata"]["labels"] == {
+        "team": "vision",  # the template's own
+        trainingoperator.OPERATOR_NAME_LABEL: "pytorchjob-controller",
+        trainingoperator.JOB_NAME_LABEL: "random-search-trial",
+        trainingoperator.REPLICA_TYPE_LABEL: "worker",
+        trainingoperator.REPLICA_INDEX_LABEL: "1",
+        "katib.kubeflow.org/experiment": "random-search",
+        "katib.kubeflow.org/trial": "random-search-trial",
+    }
+    master = jobs.replica_pod(exp, replicas[0], "tenant-a")
+    assert master["metadata"]["labels"][trainingoperator.JOB_ROLE_LABEL] == "master"
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.allowed
+    assert {r.admission.mutation.rule for r in result.replicas} == {"rule/katib-trials"}
+    assert "gpuwarden: Worker: profile batch-hpo via rule/katib-trials (tenant tenant-a)" in (
+        result.mutation.warnings
+    )
+    trial = katib_trial(result.pod["spec"]["trialTemplate"]["trialSpec"])
+    limits = trial["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0][
+        "resources"
+    ]["limits"]
+    assert "nvidia.com/gpu" not in limits and limits["volcano.sh/vgpu-number"] == "1"
+    # The Training Operator's pods from Katib's trial job need no further change.
+    again = admit_job(create(trial), default_policies, cluster)
+    assert again.allowed and again.mutation.patch == ()
+    for replica, decided in zip(jobs.replica_templates(trial), result.replicas, strict=True):
+        pod = jobs.replica_pod(trial, replica, "tenant-a")
+        repeat = admit(AdmissionRequest("CREATE", "tenant-a", pod), default_policies, cluster)
+        assert repeat.allowed and repeat.mutation.patch == ()
+        assert pod["spec"] == decided.admission.pod["spec"]
+
+
+def test_an_over_limit_pytorchjob_trial_refuses_the_experiment(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    exp = pytorch_experiment()
+    worker = exp["spec"]["trialTemplate"]["trialSpec"]["spec"]["pytorchReplicaSpecs"]["Worker"]
+    worker["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 8
+    result = admit_job(create(exp, "tenant-b"), default_policies, cluster)
+    assert not result.allowed
+    assert result.validation.message.startswith("Worker: gpuwarden denied the pod: ")
+    assert "tenant tenant-b allows at most 2 per pod" in result.validation.message
+
+
+@pytest.mark.parametrize("kind", sorted(KIND_REPLICAS))
+def test_every_training_operator_kind_is_read_as_a_trial(
+    default_policies: PolicySet, cluster: ClusterView, kind: str
+) -> None:
+    exp = experiment()
+    # As the API server would send it: its replicas no longer share one container object.
+    trial = json.loads(json.dumps(job_of(kind)))
+    del trial["metadata"]
+    exp["spec"]["trialTemplate"]["trialSpec"] = trial
+    assert [r.name for r in jobs.replica_templates(exp)] == list(KIND_REPLICAS[kind])
+    assert job_needs_review(exp)
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.allowed
+    field = jobs.TRAINING_OPERATOR_KINDS[kind].replica_field
+    for name in KIND_REPLICAS[kind]:
+        assert f"/spec/trialTemplate/trialSpec/spec/{field}/{name}/template/spec/schedulerName" in {
+            op["path"] for op in result.mutation.patch
+        }
+    # The CEL twin: a trial of CPU pods is not sent; a trialSpec claiming another kind's
+    # replicas is judged by the kind it names.
+    cpu = copy.deepcopy(exp)
+    for replica in cpu["spec"]["trialTemplate"]["trialSpec"]["spec"][field].values():
+        replica["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    assert not job_needs_review(cpu)
+    other = "TFJob" if kind != "TFJob" else "PyTorchJob"
+    exp["spec"]["trialTemplate"]["trialSpec"]["kind"] = other
+    assert not job_needs_review(exp)
+
+
+def test_a_pytorchjob_trial_spec_that_cannot_be_read_names_the_field(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    exp = pytorch_experiment()
+    del exp["spec"]["trialTemplate"]["trialSpec"]["spec"]["pytorchReplicaSpecs"]
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.validation.code == 400
+    assert result.validation.message == (
+        "gpuwarden cannot read the Experiment's replicas: spec.trialTemplate.trialSpec has no "
+        "spec.pytorchReplicaSpecs"
+    )
+    exp = pytorch_experiment()
+    exp["spec"]["trialTemplate"]["trialSpec"]["spec"]["pytorchReplicaSpecs"]["Worker"] = []
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.validation.message.endswith(
+        "spec.trialTemplate.trialSpec.spec.pytorchReplicaSpecs.Worker must be an object"
+    )
+
+
+# --- Trainer v2 TrainJobs --------------------------------------------------------------------
+
+
+def trainjob() -> dict[str, Any]:
+    job: dict[str, Any] = read_yaml(EXAMPLES / "jobs" / "trainjob.yaml")
+    return job
+
+
+# The torch-distributed ClusterTrainingRuntime's node container (Trainer v2.0.0,
+# manifests/base/runtimes/torch_distributed.yaml), as the Torch plugin leaves it.
+RUNTIME_NODE = {
+    "name": "node",
+    "image": "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime",
+    "command": ["/bin/bash", "-c", "echo Torch Distributed Runtime"],
+    "env": [{"name": "PET_NNODES", "value": "2"}, {"name": "PET_NPROC_PER_NODE", "value": "auto"}],
+    "ports": [{"containerPort": 29500}],
+}
+
+
+def runtime_pod(job: dict[str, Any], namespace: str = "tenant-a") -> dict[str, Any]:
+    """The trainer node pod the Trainer (builder.go, Trainer: spec.trainer's image, command and
+    env on the node container, resourcesPerNode replacing its resources) and JobSet make of
+    ``job`` on the torch-distributed runtime."""
+    trainer = job["spec"]["trainer"]
+    node = {**RUNTIME_NODE, "image": trainer["image"], "command": trainer["command"]}
+    node["resources"] = copy.deepcopy(trainer["resourcesPerNode"])
+    (replica,) = jobs.replica_templates(job)
+    pod = jobs.replica_pod(job, replica, namespace)
+    pod["spec"] = {"restartPolicy": "OnFailure", "subdomain": job["metadata"]["name"]}
+    pod["spec"]["containers"] = [node]
+    return pod
+
+
+def test_an_over_limit_trainjob_is_refused_with_the_nodes_message(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    job = trainjob()
+    job["spec"]["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] = "8"
+    result = admit_job(create(job, "tenant-b"), default_policies, cluster)
+    assert not result.allowed
+    assert result.validation.message.startswith(
+        "node: gpuwarden denied the pod: container node asks for 8 GPUs"
+    )
+    assert "tenant tenant-b allows at most 2 per pod" in result.validation.message
+    # The node pod the runtime would make: the same denial.
+    alone = admit(
+        AdmissionRequest("CREATE", "tenant-b", runtime_pod(job, "tenant-b")),
+        default_policies,
+        cluster,
+    )
+    assert result.validation.message == f"node: {alone.validation.message}"
+
+
+def test_a_trainjob_carries_the_node_resources_and_leaves_the_rest_to_the_pod_webhook(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """The mutation rewrites resourcesPerNode only; the node pod the runtime makes of the
+    mutated TrainJob is then changed by the pod webhook everywhere but in the node's resources,
+    and ends as the pod of the job as written would."""
+    job = trainjob()
+    (replica,) = jobs.replica_templates(job)
+    assert (replica.name, replica.replicas, replica.resources_of) == ("node", 2, "node")
+    pod = jobs.replica_pod(job, replica, "tenant-a")
+    assert pod["metadata"]["generateName"] == "llama-sft-node-0-0-"
+    assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
+    assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/jobset-name"] == "llama-sft"
+    assert pod["metadata"]["labels"]["job-name"] == "llama-sft-node-0"
+    result = admit_job(create(job), default_policies, cluster)
+    assert result.allowed and result.mutation.rule == "rule/trainer-nodes"
+    assert {op["path"] for op in result.mutation.patch} == {"/spec/trainer/resourcesPerNode"}
+    assert (
+        "gpuwarden: node: the TrainJob holds only its node container's resources; the rest is "
+        "the pod webhook's, on each pod"
+    ) in result.mutation.warnings
+    mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
+    assert mutated == result.pod
+    resources = mutated["spec"]["trainer"]["resourcesPerNode"]
+    assert resources["requests"]["nvidia.com/gpu"] == "1"  # heavy-training: a whole GPU
+    as_written = admit(
+        AdmissionRequest("CREATE", "tenant-a", runtime_pod(job)), default_policies, cluster
+    )
+    after = admit(
+        AdmissionRequest("CREATE", "tenant-a", runtime_pod(mutated)), default_policies, cluster
+    )
+    assert after.allowed
+    assert after.mutation.patch  # the scheduler, annotations ... are the pod webhook's
+    assert not any("/resources" in op["path"] for op in after.mutation.patch)
+    assert after.pod == as_written.pod
+
+
+SHARED_TRAINERS = """\
+apiVersion: gpuwarden.io/v1alpha1
+kind: GPUPolicy
+metadata: {name: shared-trainers}
+spec:
+  backend: volcano
+  profiles:
+    - {name: light, gpuShare: true, maxMemory: 16Gi, threadPercentage: 50, priority: 100}
+  workloads:
+    - {name: trainers, match: {kind: trainjob}, profile: light}
+  tenants:
+    - {name: ml, namespaces: [ml]}
+"""
+
+
+def test_a_shared_profile_renames_the_resource_in_resources_per_node() -> None:
+    """What Kueue then charges for the TrainJob's nodes is the resource the pods use."""
+    policies = load_texts([("shared.yaml", SHARED_TRAINERS)])
+    job = trainjob()
+    result = admit_job(create(job, "ml"), policies, ClusterView())
+    assert result.allowed
+    limits = result.pod["spec"]["trainer"]["resourcesPerNode"]["limits"]
+    assert "nvidia.com/gpu" not in limits and limits["volcano.sh/vgpu-number"] == "1"
+    assert limits["memory"] == "64Gi"
+    after = admit(
+        AdmissionRequest("CREATE", "ml", runtime_pod(dict(result.pod), "ml")),
+        policies,
+        ClusterView(),
+    )
+    assert not any("/resources" in op["path"] for op in after.mutation.patch)
+
+
+def test_trainjobs_without_resources_per_node_are_left_to_the_pod_webhook() -> None:
+    """The runtime's resources are not in the TrainJob: nothing to judge, and the CEL twin does
+    not send it; resourcesPerNode naming a GPU is sent, one of CPUs only is not."""
+    job = trainjob()
+    assert job_needs_review(job)
+    cpu = copy.deepcopy(job)
+    cpu["spec"]["trainer"]["resourcesPerNode"] = {"limits": {"cpu": "4"}}
+    assert not job_needs_review(cpu)
+    del job["spec"]["trainer"]["resourcesPerNode"]
+    assert jobs.replica_templates(job) == ()
+    assert not job_needs_review(job)
+    job["spec"]["trainer"]["resourcesPerNode"] = {}
+    assert jobs.replica_templates(job) == ()
+
+
+def test_a_trainjob_that_cannot_be_read_is_refused_naming_the_field(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    for name, value, field in (
+        ("resourcesPerNode", ["nvidia.com/gpu"], "spec.trainer.resourcesPerNode must be an object"),
+        ("resourcesPerNode", {"limits": "8"}, "spec.trainer.resourcesPerNode.limits must be an"),
+        (
+            "resourcesPerNode",
+            {"requests": {"nvidia.com/gpu": True}},
+            "spec.trainer.resourcesPerNode.requests['nvidia.com/gpu'] must be a quantity",
+        ),
+        ("image", ["x"], "spec.trainer.image must be a string"),
+        ("env", {"A": "1"}, "spec.trainer.env must be an array"),
+    ):
+        job = trainjob()
+        job["spec"]["trainer"][name] = value
+        result = admit_job(create(job), default_policies, cluster)
+        assert result.validation.code == 400
+        assert result.validation.message.startswith(
+            f"gpuwarden cannot read the TrainJob's replicas: {field}"
+        )
+
+
+def test_an_experiment_of_trainjob_trials_is_judged_by_resources_per_node(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    exp = experiment()
+    trial = trainjob()
+    del trial["metadata"]
+    exp["spec"]["trialTemplate"]["trialSpec"] = trial
+    (replica,) = jobs.replica_templates(exp)
+    assert replica.path == (
+        "spec",
+        "trialTemplate",
+        "trialSpec",
+        "spec",
+        "trainer",
+        "resourcesPerNode",
+    )
+    assert job_needs_review(exp)
+    result = admit_job(create(exp), default_policies, cluster)
+    assert result.allowed
+    assert {op["path"] for op in result.mutation.patch} == {
+        "/spec/trialTemplate/trialSpec/spec/trainer/resourcesPerNode"
+    }
+
+
+@pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))
+@FUZZ
+@given(
+    namespace=st.sampled_from(NAMESPACES),
+    resources=st.fixed_dictionaries({"limits": resource_map}, optional={"requests": resource_map}),
+)
+def test_a_trainjobs_mutated_resources_lead_to_the_same_node_pod(
+    policy_set: str, namespace: str, resources: dict[str, Any]
+) -> None:
+    """Any resources as a TrainJob's resourcesPerNode: the node pod the runtime makes of the
+    mutated TrainJob ends, after the pod webhook, as the pod of the TrainJob as written would;
+    the pod webhook no longer touches its resources."""
+    policies = POLICY_SETS[policy_set]
+    job = trainjob()
+    job["metadata"]["namespace"] = namespace
+    job["spec"]["trainer"]["resourcesPerNode"] = copy.deepcopy(resources)
+    result = admit_job(create(job, namespace), policies, CLUSTER)
+    event(f"allowed: {result.allowed}, changed: {bool(result.mutation.patch)}")
+    assume(result.allowed)
+    mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
+    as_written = admit(
+        AdmissionRequest("CREATE", namespace, runtime_pod(job, namespace)), policies, CLUSTER
+    )
+    after = admit(
+        AdmissionRequest("CREATE", namespace, runtime_pod(mutated, namespace)), policies, CLUSTER
+    )
+    assert after.allowed
+    assert not any("/resources" in op["path"] for op in after.mutation.patch)
+    assert after.pod == as_written.pod

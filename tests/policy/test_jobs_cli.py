@@ -121,10 +121,7 @@ def test_apply_explain_and_review_take_a_notebook(
 ) -> None:
     code, out, err = run(capsys, "apply", *DRY_RUN, "-o", "pods", str(NOTEBOOK))
     assert code == 0, err
-    assert (
-        "tenant-a/alice-jupyter Notebook: allowed (profile notebook via rule/notebooks)"
-        in err
-    )
+    assert "tenant-a/alice-jupyter Notebook: allowed (profile notebook via rule/notebooks)" in err
     (pod,) = yaml.safe_load_all(out)
     assert pod["metadata"]["name"] == "alice-jupyter-0"
     assert pod["metadata"]["labels"]["notebook-name"] == "alice-jupyter"

@@ -74,6 +74,9 @@ class TrainingOperator:
     binary: Path
     schemes: Sequence[str] = ("pytorchjob",)
     startup_timeout: float = 60.0
+    #: ``--gang-scheduler-name`` (main.go): ``volcano`` makes it create a Volcano PodGroup per
+    #: job (its CRD must be served) and hold the pods until Volcano moves the group past Pending.
+    gang_scheduler: str = ""
 
     def __post_init__(self) -> None:
         self._process: Process | None = None
@@ -99,6 +102,7 @@ class TrainingOperator:
             f"--webhook-server-port={webhook_port}",
             "--metrics-bind-address=0",
             f"--health-probe-bind-address=127.0.0.1:{health_port}",
+            *([f"--gang-scheduler-name={self.gang_scheduler}"] if self.gang_scheduler else []),
         ]
         self._process = self.plane.spawn("training-operator", private_cert_dir_argv(cert_dir, argv))
         api = self.plane.api_client()

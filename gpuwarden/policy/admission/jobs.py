@@ -121,6 +121,35 @@ def _at_pointer(document: Mapping[str, Any], where: str) -> Any:
     return node
 
 
+def resources_patch(replica: ReplicaTemplate, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """For an object that holds one container's resources (``replica.resources_of``): those
+    resources as the mutated ``pod`` has them, where they changed. The rest of the pod's patch
+    has no place in the object and is left to the pod webhook."""
+
+    def resources_in(template: Mapping[str, Any]) -> Any:
+        spec = template.get("spec")
+        items = spec.get("containers") if isinstance(spec, Mapping) else None
+        for container in items if isinstance(items, list) else ():
+            if isinstance(container, Mapping) and container.get("name") == replica.resources_of:
+                return container.get("resources")
+        return None
+
+    after = resources_in(pod)
+    if not isinstance(after, Mapping) or after == resources_in(replica.template):
+        return []
+    return [{"op": "replace", "path": pointer(list(replica.path)), "value": after}]
+
+
+def replica_patch(replica: ReplicaTemplate, admission: Admission) -> list[dict[str, Any]]:
+    """What the job's patch does for one replica: the pod's patch moved under its template, or,
+    where the job holds only a container's resources, those."""
+    if replica.resources_of is not None:
+        return resources_patch(replica, admission.pod)
+    return template_patch(
+        replica.template, replica.path, admission.mutation.patch, replica.metadata_path
+    )
+
+
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
     """Whether an update changed what the replica's pods are made of (a new replica counts)."""
     if old is None:
@@ -169,7 +198,8 @@ def admit_job(
     default_action: EnforcementAction = "enforce",
     enforcing: bool = False,
 ) -> JobAdmission:
-    """Admit a Training Operator job or a batch/v1 Job (``request.pod`` holds it) as its controller's pods will be:
+    """Admit a job of a kind :mod:`gpuwarden.policy.pod.jobs` reads (``request.pod`` holds it)
+    as its controller's pods will be:
     each replica's pod through the pod pipeline (mutate, then validate the mutated pod), under
     the enforcementAction each pod would get; with ``enforcing``, as enforcing would, whatever
     the enforcementAction (what `gpuwarden audit` asks)."""
@@ -203,9 +233,15 @@ def admit_job(
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep:
-            patch += template_patch(
-                replica.template, replica.path, admission.mutation.patch, replica.metadata_path
-            )
+            patch += replica_patch(replica, admission)
+            if replica.resources_of is not None and admission.mutation.patch:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{replica.name}: the {kind} holds only its "
+                        f"{replica.resources_of} container's resources; the rest is the pod "
+                        "webhook's, on each pod"
+                    )
+                )
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
             # they are judged too, and the template can carry only the first one's changes.

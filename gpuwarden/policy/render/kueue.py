@@ -112,7 +112,8 @@ TEMPLATE_ADMITTED_KINDS = {
 #: Operator v1 jobs, and Katib trials as batch/v1 Jobs or Training Operator jobs. Kueue builds a
 #: job's Workload from the stored job (its reconciler calls the job's PodSets(), e.g.
 #: pkg/controller/jobs/job/job_controller.go in v0.17), after every admission webhook, so it
-#: charges the mutated templates. TrainJobs are not mutated yet.
+#: charges the mutated templates. A TrainJob's resourcesPerNode is mutated too, but one that
+#: leaves its nodes' resources to its runtime reaches Kueue as the runtime wrote them.
 SUBMIT_MUTATED_KINDS = frozenset({"training-job", "katib-trial"})
 #: fairSharing.preemptionStrategies: Kueue's Configuration refuses fairSharing without one of
 #: its valid sets (validateFairSharing in pkg/config/validation.go); this is its sample's.

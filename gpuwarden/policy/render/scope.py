@@ -459,22 +459,23 @@ def job_rules() -> list[dict[str, Any]]:
     ]
 
 
+def _names_gpu(section: str) -> str:
+    return (
+        f"(has({section}) && (size({section}) > {MAX_ITEMS} || {section}.exists(k, {_GPU_KEYS})))"
+    )
+
+
+def _resources_cel(resources: str) -> str:
+    """A container's resource requirements name a GPU resource (or too many to look into)."""
+    return f"{_names_gpu(f'{resources}.limits')} || {_names_gpu(f'{resources}.requests')}"
+
+
 def _template_cel(template: str, metadata: str | None = None) -> str:
     """A replica's pod template names a GPU resource, or carries gpuwarden's own keys (in its
     metadata, or in ``metadata`` where the pods' metadata is kept); or is too large to look
     into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource names, labels or
     annotations), and is sent unread."""
-
-    def names_gpu(section: str) -> str:
-        return (
-            f"(has({section}) && (size({section}) > {MAX_ITEMS} || "
-            f"{section}.exists(k, {_GPU_KEYS})))"
-        )
-
-    gpu = (
-        "(has(c.resources) && ("
-        f"{names_gpu('c.resources.limits')} || {names_gpu('c.resources.requests')}))"
-    )
+    gpu = f"(has(c.resources) && ({_resources_cel('c.resources')}))"
     spec, meta = f"{template}.spec", metadata or f"{template}.metadata"
     return " || ".join(
         [
@@ -512,6 +513,8 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
             f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
             f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
         )
+    elif site.resources:
+        body = f"({_resources_cel(field)})"
     else:
         metadata = _field(site.metadata) if site.metadata is not None else None
         body = f"({_template_cel(field, metadata)})"
@@ -537,6 +540,14 @@ JOB_CEL = " || ".join(
 )
 
 
+def _resources_need(resources: Any) -> bool:
+    return isinstance(resources, dict) and any(
+        isinstance(section := resources.get(s), dict)
+        and (len(section) > MAX_ITEMS or any(map(_is_gpu_key, section)))
+        for s in ("limits", "requests")
+    )
+
+
 def _template_needs(template: Any, meta: Any = None) -> bool:
     """:func:`_template_cel`'s twin; ``meta`` the pods' metadata where not the template's."""
     if not isinstance(template, dict):
@@ -550,12 +561,7 @@ def _template_needs(template: Any, meta: Any = None) -> bool:
             if len(items) > MAX_CONTAINERS:
                 return True
             for c in items:
-                resources = c.get("resources") if isinstance(c, dict) else None
-                if isinstance(resources, dict) and any(
-                    isinstance(section := resources.get(s), dict)
-                    and (len(section) > MAX_ITEMS or any(map(_is_gpu_key, section)))
-                    for s in ("limits", "requests")
-                ):
+                if isinstance(c, dict) and _resources_need(c.get("resources")):
                     return True
     if meta is None:
         meta = template.get("metadata")
@@ -581,6 +587,8 @@ def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
     if any(_at(job, path) != value for path, value in site.when):
         return False
     found = _at(job, site.path)
+    if site.resources:
+        return _resources_need(found)
     if not site.per_replica:
         return _template_needs(found, (_at(job, site.metadata) or {}) if site.metadata else None)
     if not isinstance(found, dict):

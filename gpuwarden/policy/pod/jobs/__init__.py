@@ -3,8 +3,9 @@ creates from it.
 
 Each family of kinds lives in its own module, citing its controller's source: the Training
 Operator's v1 jobs (:mod:`.trainingoperator`), batch/v1 Jobs (:mod:`.batch`), Katib's Experiments
-and trials (:mod:`.katib`). This module holds the registry and what callers use: which kind an
-object is, its replica templates, and the pod a replica becomes.
+and trials (:mod:`.katib`), the Trainer's TrainJobs (:mod:`.trainer`). This module holds the
+registry and what callers use: which kind an object is, its replica templates, and the pod a
+replica becomes.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch, katib, notebooks, trainingoperator
+from gpuwarden.policy.pod.jobs import batch, katib, notebooks, trainer, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -27,6 +28,7 @@ __all__ = [
     "CONTROLLER_LABELS",
     "EXPERIMENT",
     "TRAINING_OPERATOR_KINDS",
+    "TRAINJOB",
     "JobKind",
     "JobShapeError",
     "ReplicaTemplate",
@@ -46,12 +48,14 @@ TRAINING_OPERATOR_KINDS: Mapping[str, trainingoperator.TrainingOperatorKind] = {
 }
 BATCH_JOB = batch.BATCH_JOB
 EXPERIMENT = katib.EXPERIMENT
+TRAINJOB = trainer.TRAINJOB
 #: Every kind the job webhooks admit, in the order the chart's rules list them.
 ALL_KINDS: tuple[JobKind, ...] = (
     *trainingoperator.KINDS,
     BATCH_JOB,
     EXPERIMENT,
     notebooks.NOTEBOOK,
+    TRAINJOB,
 )
 _BY_API = {
     (f"{k.group}/{version}", k.kind): k
@@ -72,6 +76,7 @@ CONTROLLER_LABELS = frozenset(
         batch.INDEX_LABEL,
         katib.TRIAL_LABEL,
         *notebooks.LABELS,
+        *trainer.JOBSET_LABELS,
     }
 )
 
@@ -150,7 +155,9 @@ def replica_pod(
         **(labels if isinstance(labels, Mapping) else {}),
         **controller_labels(job, replica.name, index),
     }
-    meta["generateName" if kind.generate_name else "name"] = kind.pod_name(job, replica.name, index)
+    meta["generateName" if kind.generates_names(job) else "name"] = kind.pod_name(
+        job, replica.name, index
+    )
     meta["namespace"] = namespace
     spec = dict(template.get("spec") or {})
     if replica.restart_policy is not None:

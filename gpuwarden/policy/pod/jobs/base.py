@@ -23,7 +23,7 @@ class ReplicaTemplate:
     """One replica type of a job: its name (``Worker``), its template and where it sits."""
 
     name: str
-    path: tuple[str, ...]  # of the pod template, from the job's root
+    path: tuple[str, ...]  # of the pod template (or of ``resources_of``'s resources), from the root
     template: Mapping[str, Any]
     restart_policy: str | None
     replicas: int = 1
@@ -31,6 +31,11 @@ class ReplicaTemplate:
     #: controller copies the Notebook's own labels and annotations): the template's
     #: ``metadata`` then stands for it, and its patch goes there.
     metadata_path: tuple[str, ...] | None = None
+    #: Set where the object holds one container's resources rather than a pod template (a
+    #: TrainJob's ``resourcesPerNode``, at ``path``): that container's name. ``template`` is then
+    #: the part of the pod the object foretells, and the mutation carries back that container's
+    #: resources only; the pod webhook makes the rest of its changes on the pod.
+    resources_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -38,15 +43,17 @@ class TemplateSite:
     """Where a kind keeps pod templates, for the job webhooks' CEL scope and its Python twin.
 
     ``path`` (from the object's root) names the pod template itself, or, with ``per_replica``, a
-    map of replica specs that each hold one at ``.template``. ``when`` lists fields (paths from
+    map of replica specs that each hold one at ``.template``; with ``resources``, a container's
+    resource requirements (a TrainJob's resourcesPerNode). ``when`` lists fields (paths from
     the root) that must hold the given string for the site to count (an Experiment's trialSpec
-    must be a batch Job). ``metadata``, where set, is the path of the metadata the pods get in
-    place of the template's (a Notebook's own)."""
+    must be of the kind the site is for). ``metadata``, where set, is the path of the metadata
+    the pods get in place of the template's (a Notebook's own)."""
 
     path: tuple[str, ...]
     per_replica: bool = False
     when: tuple[tuple[tuple[str, ...], str], ...] = ()
     metadata: tuple[str, ...] | None = None
+    resources: bool = False
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
@@ -112,3 +119,8 @@ class JobKind(ABC):
     def pod_job(self, job: Mapping[str, Any]) -> Mapping[str, Any]:
         """The object whose controller creates the pods (an Experiment's trial Job): the job."""
         return job
+
+    def generates_names(self, job: Mapping[str, Any]) -> bool:
+        """Whether the pods of ``job`` are named by generateName (an Experiment's depend on its
+        trial's kind)."""
+        return self.generate_name

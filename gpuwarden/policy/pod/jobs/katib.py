@@ -12,25 +12,30 @@ Sources: kubeflow/katib v0.19.0.
   none of which asks a GPU. The predicted pod of a job a Trial owns (a batch Job or a Training
   Operator job) carries the trial label; the Trial's own labels are not on the job and are not
   foretold.
-- An Experiment (``kubeflow.org/v1beta1``) whose ``spec.trialTemplate.trialSpec`` is a batch Job
-  is read as that Job's one template, at ``spec.trialTemplate.trialSpec.spec.template``. Katib
-  makes each trial from it (pkg/controller.v1beta1/experiment/experiment_controller_util.go,
-  createTrialInstance; manifest/generator.go, GetRunSpecWithHyperParameters: the
-  ``${trialParameters.*}`` placeholders replaced, the Job named as the Trial,
-  ``<experiment>-<8 random characters>``), and the Trial's labels are the Experiment's labels plus
-  ``katib.kubeflow.org/experiment`` (pkg/controller.v1beta1/util/labels.go, TrialLabels), which
-  Katib's pod webhook copies onto the pods. The predicted pod is that Job's, for a trial named
-  ``<experiment>-trial``. A template whose resources are set by trial parameters is not judged
-  here: each trial is, as Katib creates its Job.
+- An Experiment (``kubeflow.org/v1beta1``) whose ``spec.trialTemplate.trialSpec`` is a batch
+  Job, a Training Operator job or a Trainer TrainJob is read as that job's replicas, under
+  ``spec.trialTemplate.trialSpec``. Katib makes each trial from it
+  (pkg/controller.v1beta1/experiment/experiment_controller_util.go, createTrialInstance;
+  manifest/generator.go, GetRunSpecWithHyperParameters: the ``${trialParameters.*}``
+  placeholders replaced, the job named as the Trial, ``<experiment>-<8 random characters>``) and
+  creates it as it is, owned by the Trial (trial/trial_controller.go, getDesiredJobSpec: only
+  the controller reference is set), so its controller's pods are those of any such job. The
+  Trial's labels are the Experiment's labels plus ``katib.kubeflow.org/experiment``
+  (pkg/controller.v1beta1/util/labels.go, TrialLabels), which Katib's pod webhook copies onto the
+  pods of every job the Trial owns (utils.go, mutatePodMetadata, before it looks for the primary
+  pod). The predicted pods are that job's, for a trial named ``<experiment>-trial``. A batch
+  Job's one replica is called ``Trial``; a Training Operator job's keep their names (``Worker``).
+  A template whose resources are set by trial parameters is not judged here: each trial is, as
+  Katib creates its job.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch
+from gpuwarden.policy.pod.jobs import batch, trainer, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -49,6 +54,10 @@ EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 TRIAL_STAND_IN = "{experiment}-trial"
 _TRIAL_PARAMETER = "${trialParameters."
 _TRIAL_SPEC = ("spec", "trialTemplate", "trialSpec")
+#: The kinds of trialSpec judged at submit, by apiVersion and kind.
+TRIAL_KINDS: Mapping[tuple[str, str], JobKind] = {
+    (k.api_version, k.kind): k for k in (batch.BATCH_JOB, *trainingoperator.KINDS, trainer.TRAINJOB)
+}
 
 
 def trial_of(job: Mapping[str, Any]) -> str | None:
@@ -66,18 +75,26 @@ def trial_of(job: Mapping[str, Any]) -> str | None:
     return None
 
 
-def trial_spec(experiment: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """An Experiment's ``spec.trialTemplate.trialSpec`` when it is a batch Job, else None (a
-    trialSpec of another kind, or one in a ConfigMap, is judged as Katib creates each trial)."""
+def trial_spec(experiment: Mapping[str, Any]) -> tuple[Mapping[str, Any], JobKind] | None:
+    """An Experiment's ``spec.trialTemplate.trialSpec`` and its kind when it is one of
+    :data:`TRIAL_KINDS`, else None (a trialSpec of another kind, or one in a ConfigMap, is judged
+    as Katib creates each trial)."""
     spec = experiment.get("spec")
     template = spec.get("trialTemplate") if isinstance(spec, Mapping) else None
     trial = template.get("trialSpec") if isinstance(template, Mapping) else None
     if not isinstance(trial, Mapping):
         return None
-    kind = (trial.get("apiVersion"), trial.get("kind"))
-    if kind != (batch.BATCH_JOB.api_version, batch.BATCH_JOB.kind):
-        return None
-    return trial
+    kind = TRIAL_KINDS.get((str(trial.get("apiVersion")), str(trial.get("kind"))))
+    return None if kind is None else (trial, kind)
+
+
+def _in_trial_spec(kind: JobKind, exc: JobShapeError) -> JobShapeError:
+    """The trialSpec kind's error, naming the field from the Experiment's root."""
+    text = str(exc)
+    prefix = f"{kind.kind} has no "
+    if text.startswith(prefix):
+        return JobShapeError(f"spec.trialTemplate.trialSpec has no {text.removeprefix(prefix)}")
+    return JobShapeError(f"spec.trialTemplate.trialSpec.{text}")
 
 
 def _parameterised(template: Mapping[str, Any]) -> bool:
@@ -93,7 +110,8 @@ def _parameterised(template: Mapping[str, Any]) -> bool:
 
 @dataclass(frozen=True)
 class ExperimentKind(JobKind):
-    """Katib's Experiment, judged by its trial template where that is a batch Job."""
+    """Katib's Experiment, judged by its trial template where that is a job kind gpuwarden
+    reads (:data:`TRIAL_KINDS`)."""
 
     group: str = GROUP
     version: str = VERSION
@@ -103,48 +121,61 @@ class ExperimentKind(JobKind):
 
     @property
     def sites(self) -> tuple[TemplateSite, ...]:
-        return (
+        """Each trial kind's sites under the trialSpec, guarded by the trialSpec's kind."""
+        return tuple(
             TemplateSite(
-                (*_TRIAL_SPEC, "spec", "template"),
-                when=(((*_TRIAL_SPEC, "kind"), batch.BATCH_JOB.kind),),
-            ),
+                (*_TRIAL_SPEC, *site.path),
+                per_replica=site.per_replica,
+                when=(
+                    ((*_TRIAL_SPEC, "kind"), kind.kind),
+                    *(((*_TRIAL_SPEC, *path), value) for path, value in site.when),
+                ),
+                resources=site.resources,
+            )
+            for kind in TRIAL_KINDS.values()
+            for site in kind.sites
         )
+
+    def _trial(self, job: Mapping[str, Any]) -> tuple[Mapping[str, Any], JobKind]:
+        return trial_spec(job) or ({}, batch.BATCH_JOB)
 
     def templates(self, job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
         if not isinstance(job.get("spec"), Mapping):
             raise JobShapeError(f"{self.kind} has no spec")
-        trial = trial_spec(job)
-        if trial is None:
+        found = trial_spec(job)
+        if found is None:
             return ()
-        spec = trial.get("spec")
-        if not isinstance(spec, Mapping):
+        trial, kind = found
+        if not isinstance(trial.get("spec"), Mapping):
             raise JobShapeError("spec.trialTemplate.trialSpec has no spec")
         try:
-            template = batch.template(spec)
+            replicas = kind.templates(trial)
         except JobShapeError as exc:
-            raise JobShapeError(f"spec.trialTemplate.trialSpec.{exc}") from None
-        if _parameterised(template.template):
+            raise _in_trial_spec(kind, exc) from None
+        if any(_parameterised(r.template) for r in replicas):
             return ()
-        return (
-            ReplicaTemplate(
-                "Trial",
-                (*_TRIAL_SPEC, *template.path),
-                template.template,
-                None,
-                template.replicas,
-            ),
+        return tuple(
+            replace(
+                r,
+                name="Trial" if kind is batch.BATCH_JOB else r.name,
+                path=(*_TRIAL_SPEC, *r.path),
+            )
+            for r in replicas
         )
 
     def pod_job(self, job: Mapping[str, Any]) -> Mapping[str, Any]:
-        """The Job Katib creates for a trial: the trialSpec, named as a stand-in trial that
+        """The job Katib creates for a trial: the trialSpec, named as a stand-in trial that
         owns it."""
-        trial = trial_spec(job) or {}
+        trial, _ = self._trial(job)
         name = TRIAL_STAND_IN.format(experiment=name_of(job))
         owner = {"apiVersion": TRIAL_API_VERSION, "kind": TRIAL_KIND, "name": name}
         return {**trial, "metadata": {"name": name, "ownerReferences": [owner]}}
 
+    def generates_names(self, job: Mapping[str, Any]) -> bool:
+        return self._trial(job)[1].generate_name
+
     def labels(self, job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
-        labels = batch.BATCH_JOB.labels(self.pod_job(job), replica, index)
+        labels = self._trial(job)[1].labels(self.pod_job(job), replica, index)
         meta = job.get("metadata")
         own = meta.get("labels") if isinstance(meta, Mapping) else None
         labels |= {str(k): str(v) for k, v in (own if isinstance(own, Mapping) else {}).items()}
@@ -152,7 +183,7 @@ class ExperimentKind(JobKind):
         return labels
 
     def pod_name(self, job: Mapping[str, Any], replica: str, index: int) -> str:
-        return batch.BATCH_JOB.pod_name(self.pod_job(job), replica, index)
+        return self._trial(job)[1].pod_name(self.pod_job(job), replica, index)
 
 
 EXPERIMENT = ExperimentKind()
