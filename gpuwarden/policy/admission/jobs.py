@@ -84,6 +84,93 @@ def template_patch(
     return parents + [{**op, "path": base + op["path"]} for op in ops]
 
 
+_MISSING = object()
+
+
+def _tokens(path: str) -> list[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+def _resolve(document: Any, tokens: Sequence[str]) -> Any:
+    for token in tokens:
+        if isinstance(document, Mapping):
+            document = document.get(token, _MISSING)
+        elif isinstance(document, list) and token.isdigit() and int(token) < len(document):
+            document = document[int(token)]
+        else:
+            return _MISSING
+    return document
+
+
+def _twin(twins: Sequence[tuple[str, str]], path: str) -> str | None:
+    found = [(pod, job) for pod, job in twins if path == pod or path.startswith(pod + "/")]
+    if not found:
+        return None
+    pod, job = max(found, key=lambda pair: len(pair[0]))
+    return job + path[len(pod) :]
+
+
+def twin_patch(
+    job: Mapping[str, Any],
+    twins: Sequence[tuple[str, str]],
+    pod_patch: Sequence[Mapping[str, Any]],
+    taken: Mapping[str, Any] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The pod's JSON Patch written onto the job's fields that make the pod (``twins``), valid
+    against ``job``: the maps an operation needs created first, a map added where the job has
+    one merged key by key; and the pod paths that have no twin (not the controller's own), or
+    whose twin another replica's pods share and ``taken`` (the job's paths already written, with
+    their values) holds with another value."""
+    document: Any = job
+    ops: list[dict[str, Any]] = []
+    lost: list[str] = []
+    taken = taken or {}
+
+    def emit(op: dict[str, Any], pod_path: str = "") -> None:
+        nonlocal document
+        if op["op"] == "add" and op["path"] in taken and taken[op["path"]] != op["value"]:
+            lost.append(pod_path)
+            return
+        ops.append(op)
+        document = jsonpatch.apply_patch(document, [op])
+
+    for op in pod_patch:
+        if op["path"] in _CONTROLLER_FIELDS:
+            continue
+        target = _twin(twins, op["path"])
+        if target is None:
+            lost.append(op["path"])
+            continue
+        tokens = _tokens(target)
+        current = _resolve(document, tokens)
+        if op["op"] == "remove":
+            if current is _MISSING:
+                lost.append(op["path"])
+            else:
+                emit({"op": "remove", "path": target})
+            continue
+        parent_ok = True
+        for depth in range(1, len(tokens)):
+            here = _resolve(document, tokens[:depth])
+            if here is _MISSING:
+                emit({"op": "add", "path": pointer(tokens[:depth]), "value": {}})
+            elif not isinstance(here, (Mapping, list)):
+                parent_ok = False
+                break
+        if not parent_ok:
+            lost.append(op["path"])
+        elif isinstance(op.get("value"), Mapping) and isinstance(current, Mapping):
+            for key, value in op["value"].items():
+                emit(
+                    {"op": "add", "path": f"{target}/{escape(str(key))}", "value": value},
+                    f"{op['path']}/{escape(str(key))}",
+                )
+        else:
+            verb = "add" if current is _MISSING else op["op"]
+            emit({"op": verb, "path": target, "value": op.get("value")}, op["path"])
+    return ops, lost
+
+
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
     """Whether an update changed what the replica's pods are made of (a new replica counts)."""
     if old is None:
@@ -132,7 +219,7 @@ def admit_job(
     default_action: EnforcementAction = "enforce",
     enforcing: bool = False,
 ) -> JobAdmission:
-    """Admit a Training Operator job or a batch/v1 Job (``request.pod`` holds it) as its controller's pods will be:
+    """Admit a Kubeflow job (``request.pod`` holds it) as its controller's pods will be:
     each replica's pod through the pod pipeline (mutate, then validate the mutated pod), under
     the enforcementAction each pod would get; with ``enforcing``, as enforcing would, whatever
     the enforcementAction (what `gpuwarden audit` asks)."""
@@ -151,7 +238,9 @@ def admit_job(
     except JobShapeError as exc:
         denial = unreadable_job(kind, str(exc))
         return JobAdmission(denial, denial, job)
-    keep = _keeps_templates(request, policies, cluster)
+    kept = jobs.kept_as_written(job)
+    keep = kept is not None or _keeps_templates(request, policies, cluster)
+    current: Mapping[str, Any] = job  # as the replicas' patches so far leave it, for twins
     replicas: list[ReplicaAdmission] = []
     patch: list[dict[str, Any]] = []
     notes: list[str] = []
@@ -165,7 +254,20 @@ def admit_job(
         admission = admit_pod(pod_request)
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
-        if not keep:
+        if not keep and replica.twins:
+            taken = {op["path"]: op.get("value") for op in patch if op["op"] != "remove"}
+            ops, lost = twin_patch(current, replica.twins, admission.mutation.patch, taken)
+            patch += ops
+            current = jsonpatch.apply_patch(dict(current), ops) if ops else current
+            if lost:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{replica.name}: {', '.join(lost)} of its pods not written to "
+                        f"the {kind} (no field of it holds them, or one another replica's pods "
+                        "share holds another value); each pod gets them when it is created"
+                    )
+                )
+        elif not keep:
             patch += template_patch(replica.template, replica.path, admission.mutation.patch)
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
@@ -185,8 +287,10 @@ def admit_job(
     if keep and any(d.patch for d in decisions):
         notes.append(
             warning(
-                f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each pod "
-                "gets the above when it is created"
+                f"{_PREFIX}{kept}"
+                if kept is not None
+                else f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each "
+                "pod gets the above when it is created"
             )
         )
     mutation = _named(Decision(patch=tuple(patch), warnings=bounded_warnings(notes)), decisions)

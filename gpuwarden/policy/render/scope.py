@@ -431,7 +431,9 @@ def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
 def _job_groups() -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for kind in jobs.ALL_KINDS:
-        groups.setdefault(kind.group, []).append(kind.kind)
+        kinds = groups.setdefault(kind.group, [])
+        if kind.kind not in kinds:
+            kinds.append(kind.kind)
     return groups
 
 
@@ -459,36 +461,41 @@ def job_rules() -> list[dict[str, Any]]:
     ]
 
 
+def _names_gpu(section: str) -> str:
+    return (
+        f"(has({section}) && (size({section}) > {MAX_ITEMS} || {section}.exists(k, {_GPU_KEYS})))"
+    )
+
+
+def _container_cel(c: str) -> str:
+    """The container ``c`` names a GPU resource (or more resource names than are looked into)."""
+    return (
+        f"(has({c}.resources) && ("
+        f"{_names_gpu(f'{c}.resources.limits')} || {_names_gpu(f'{c}.resources.requests')}))"
+    )
+
+
+def _pod_spec_cel(spec: str) -> list[str]:
+    return [
+        f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
+        f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {_container_cel('c')})))"
+        for field in ("containers", "initContainers")
+    ]
+
+
+def _meta_cel(meta: str) -> list[str]:
+    return [
+        f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
+        f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
+        for part in ("labels", "annotations")
+    ]
+
+
 def _template_cel(template: str) -> str:
     """A replica's pod template names a GPU resource, or carries gpuwarden's own keys; or is
     too large to look into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource
     names, labels or annotations), and is sent unread."""
-
-    def names_gpu(section: str) -> str:
-        return (
-            f"(has({section}) && (size({section}) > {MAX_ITEMS} || "
-            f"{section}.exists(k, {_GPU_KEYS})))"
-        )
-
-    gpu = (
-        "(has(c.resources) && ("
-        f"{names_gpu('c.resources.limits')} || {names_gpu('c.resources.requests')}))"
-    )
-    spec, meta = f"{template}.spec", f"{template}.metadata"
-    return " || ".join(
-        [
-            *(
-                f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
-                f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {gpu})))"
-                for field in ("containers", "initContainers")
-            ),
-            *(
-                f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
-                f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
-                for part in ("labels", "annotations")
-            ),
-        ]
-    )
+    return " || ".join([*_pod_spec_cel(f"{template}.spec"), *_meta_cel(f"{template}.metadata")])
 
 
 def _field(path: Sequence[str]) -> str:
@@ -511,6 +518,11 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
             f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
             f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
         )
+    elif site.shape == "podSpec":
+        meta = _meta_cel(_field(site.meta)) if site.meta else []
+        body = f"({' || '.join([*_pod_spec_cel(field), *meta])})"
+    elif site.shape == "container":
+        body = f"({_container_cel(field)})"
     else:
         body = f"({_template_cel(field)})"
     return " && ".join(
@@ -531,30 +543,33 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
 #: refuse early what GPU jobs will get. Each kind's templates are where its
 #: :attr:`~gpuwarden.policy.pod.jobs.JobKind.sites` say.
 JOB_CEL = " || ".join(
-    f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites
+    # A kind served in two versions (LLMInferenceService) has the same sites in each.
+    dict.fromkeys(f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites)
 )
 
 
-def _template_needs(template: Any) -> bool:
-    if not isinstance(template, dict):
+def _job_container_needs(c: Any) -> bool:
+    resources = c.get("resources") if isinstance(c, dict) else None
+    return isinstance(resources, dict) and any(
+        isinstance(section := resources.get(s), dict)
+        and (len(section) > MAX_ITEMS or any(map(_is_gpu_key, section)))
+        for s in ("limits", "requests")
+    )
+
+
+def _pod_spec_needs(spec: Any) -> bool:
+    if not isinstance(spec, dict):
         return False
-    spec = template.get("spec")
-    if isinstance(spec, dict):
-        for field in ("containers", "initContainers"):
-            items = spec.get(field)
-            if not isinstance(items, list):
-                continue
-            if len(items) > MAX_CONTAINERS:
-                return True
-            for c in items:
-                resources = c.get("resources") if isinstance(c, dict) else None
-                if isinstance(resources, dict) and any(
-                    isinstance(section := resources.get(s), dict)
-                    and (len(section) > MAX_ITEMS or any(map(_is_gpu_key, section)))
-                    for s in ("limits", "requests")
-                ):
-                    return True
-    meta = template.get("metadata")
+    for field in ("containers", "initContainers"):
+        items = spec.get(field)
+        if not isinstance(items, list):
+            continue
+        if len(items) > MAX_CONTAINERS or any(map(_job_container_needs, items)):
+            return True
+    return False
+
+
+def _meta_needs(meta: Any) -> bool:
     if isinstance(meta, dict):
         for part in ("labels", "annotations"):
             values = meta.get(part)
@@ -563,6 +578,12 @@ def _template_needs(template: Any) -> bool:
             ):
                 return True
     return False
+
+
+def _template_needs(template: Any) -> bool:
+    if not isinstance(template, dict):
+        return False
+    return _pod_spec_needs(template.get("spec")) or _meta_needs(template.get("metadata"))
 
 
 def _at(obj: Any, path: Sequence[str]) -> Any:
@@ -577,6 +598,10 @@ def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
     if any(_at(job, path) != value for path, value in site.when):
         return False
     found = _at(job, site.path)
+    if site.shape == "podSpec":
+        return _pod_spec_needs(found) or (bool(site.meta) and _meta_needs(_at(job, site.meta)))
+    if site.shape == "container":
+        return _job_container_needs(found)
     if not site.per_replica:
         return _template_needs(found)
     if not isinstance(found, dict):

@@ -3,7 +3,7 @@ creates from it.
 
 Each family of kinds lives in its own module, citing its controller's source: the Training
 Operator's v1 jobs (:mod:`.trainingoperator`), batch/v1 Jobs (:mod:`.batch`), Katib's Experiments
-and trials (:mod:`.katib`). This module holds the registry and what callers use: which kind an
+and trials (:mod:`.katib`), KServe's InferenceServices and LLMInferenceServices (:mod:`.kserve`). This module holds the registry and what callers use: which kind an
 object is, its replica templates, and the pod a replica becomes.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch, katib, trainingoperator
+from gpuwarden.policy.pod.jobs import batch, katib, kserve, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -35,6 +35,7 @@ __all__ = [
     "distinct_indices",
     "is_job",
     "job_kind",
+    "kept_as_written",
     "kind_for",
     "pod_name",
     "replica_pod",
@@ -47,7 +48,7 @@ TRAINING_OPERATOR_KINDS: Mapping[str, trainingoperator.TrainingOperatorKind] = {
 BATCH_JOB = batch.BATCH_JOB
 EXPERIMENT = katib.EXPERIMENT
 #: Every kind the job webhooks admit, in the order the chart's rules list them.
-ALL_KINDS: tuple[JobKind, ...] = (*trainingoperator.KINDS, BATCH_JOB, EXPERIMENT)
+ALL_KINDS: tuple[JobKind, ...] = (*trainingoperator.KINDS, BATCH_JOB, EXPERIMENT, *kserve.KINDS)
 _BY_API = {(k.api_version, k.kind): k for k in ALL_KINDS}
 #: Labels a controller (or the API server) writes on the pods itself: a pod patch that touches
 #: one has no twin in the template.
@@ -62,6 +63,7 @@ CONTROLLER_LABELS = frozenset(
         *batch.UID_LABELS,
         batch.INDEX_LABEL,
         katib.TRIAL_LABEL,
+        *kserve.CONTROLLER_LABELS,
     }
 )
 
@@ -120,6 +122,11 @@ def distinct_indices(job: Mapping[str, Any], replica: ReplicaTemplate) -> tuple[
         return (0,)
     first, second = (controller_labels(job, replica.name, i).get(JOB_ROLE_LABEL) for i in (0, 1))
     return (0,) if first == second else (0, 1)
+
+
+def kept_as_written(job: Mapping[str, Any]) -> str | None:
+    """Why the job cannot carry what its pods will get (it is judged, and kept as written)."""
+    return _kind(job).kept_as_written(job)
 
 
 def pod_name(job: Mapping[str, Any], replica: str, index: int = 0) -> str:

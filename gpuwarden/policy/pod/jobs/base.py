@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 class JobShapeError(ValueError):
@@ -27,6 +27,11 @@ class ReplicaTemplate:
     template: Mapping[str, Any]
     restart_policy: str | None
     replicas: int = 1
+    #: Where the pod's fields sit in the job when ``template`` is not a pod template held at
+    #: ``path`` but built from the job's own fields (a KServe component): pairs of a JSON
+    #: pointer into the pod and the pointer of its twin in the job, the longest pod prefix
+    #: winning. A pod field under none has no twin; empty: the template at ``path``.
+    twins: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -36,11 +41,16 @@ class TemplateSite:
     ``path`` (from the object's root) names the pod template itself, or, with ``per_replica``, a
     map of replica specs that each hold one at ``.template``. ``when`` lists fields (paths from
     the root) that must hold the given string for the site to count (an Experiment's trialSpec
-    must be a batch Job)."""
+    must be a batch Job). Other shapes than a pod template are described by ``shape``."""
 
     path: tuple[str, ...]
     per_replica: bool = False
     when: tuple[tuple[tuple[str, ...], str], ...] = ()
+    #: What ``path`` names: a pod template (``metadata`` and ``spec``), a PodSpec whose pod's
+    #: labels and annotations are in the object at ``meta`` (a KServe component), or one
+    #: container (KServe's model shorthand).
+    shape: Literal["template", "podSpec", "container"] = "template"
+    meta: tuple[str, ...] = ()
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
@@ -98,3 +108,8 @@ class JobKind(ABC):
     def pod_job(self, job: Mapping[str, Any]) -> Mapping[str, Any]:
         """The object whose controller creates the pods (an Experiment's trial Job): the job."""
         return job
+
+    def kept_as_written(self, job: Mapping[str, Any]) -> str | None:
+        """Why this object cannot carry what its pods will get (it is then judged but kept as
+        written, as under a tenant's ``jobTemplates: keep``), or None: it can."""
+        return None
