@@ -102,7 +102,8 @@ def _resolve(document: Any, tokens: Sequence[str]) -> Any:
     return document
 
 
-def _twin(twins: Sequence[tuple[str, str]], path: str) -> str | None:
+def twin_of(twins: Sequence[tuple[str, str]], path: str) -> str | None:
+    """The job's JSON pointer that holds the pod's field at ``path``, or None."""
     found = [(pod, job) for pod, job in twins if path == pod or path.startswith(pod + "/")]
     if not found:
         return None
@@ -137,7 +138,7 @@ def twin_patch(
     for op in pod_patch:
         if op["path"] in _CONTROLLER_FIELDS:
             continue
-        target = _twin(twins, op["path"])
+        target = twin_of(twins, op["path"])
         if target is None:
             lost.append(op["path"])
             continue
