@@ -193,7 +193,7 @@ def test_a_knative_isvc_and_a_gitops_tenants_are_kept_byte_identical(
     )
     gitops = isvc_in(gitops_ns)
     for obj, note in (
-        (knative, "gpuwarden: the InferenceService is kept as written: in Knative mode"),
+        (knative, "gpuwarden: the InferenceService is kept as written: Knative mode refuses"),
         (gitops, "gpuwarden: the InferenceService is kept as written (tenant jobTemplates: keep)"),
     ):
         stored, warnings = create(kserve, copy.deepcopy(obj))
@@ -234,9 +234,30 @@ def test_the_api_server_sends_the_services_the_twin_says(
     marked = copy.deepcopy(cpu)
     marked["metadata"]["name"] += "-marked"
     marked["spec"]["predictor"]["labels"] = {"gpuwarden.io/profile": "inference"}
-    for obj, sent in ((cpu, False), (isvc_in(ns), True), (marked, True)):
+    framework = isvc_in(ns)
+    framework["spec"]["predictor"] = {"pytorch": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}
+    llm: Obj = yaml.safe_load(LLMISVC_FILE.read_text())
+    llm["metadata"] = {"name": f"qwen-{uuid.uuid4().hex[:6]}", "namespace": ns}
+    llm_cpu = copy.deepcopy(llm)
+    llm_cpu["metadata"]["name"] += "-cpu"
+    llm_cpu["spec"]["template"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    llm_worker = copy.deepcopy(llm_cpu)
+    llm_worker["metadata"]["name"] += "-worker"
+    llm_worker["spec"]["worker"] = {
+        "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
+    }
+    cases: list[tuple[Obj, tuple[str, str], bool]] = [
+        (cpu, ISVC, False),
+        (isvc_in(ns), ISVC, True),
+        (marked, ISVC, True),
+        (framework, ISVC, True),
+        (llm_cpu, LLMISVC, False),
+        (llm, LLMISVC, True),
+        (llm_worker, LLMISVC, True),
+    ]
+    for obj, version_plural, sent in cases:
         assert job_needs_review(obj) is sent
         before = gpuwarden.server.requests_answered(endpoint="mutate")
-        create(kserve, obj)
+        create(kserve, obj, version_plural)
         after = gpuwarden.server.requests_answered(endpoint="mutate")
         assert after - before == (1 if sent else 0), obj["metadata"]["name"]

@@ -179,7 +179,7 @@ def test_knative_mode_is_judged_but_kept_as_written(
         result = admitted(obj, default_policies, cluster)
         assert result.allowed and result.mutation.patch == () and result.pod == obj
         assert any(
-            w.startswith("gpuwarden: the InferenceService is kept as written: in Knative mode")
+            w.startswith("gpuwarden: the InferenceService is kept as written: Knative mode refuses")
             for w in result.mutation.warnings
         )
         assert not admitted(with_model_gpus(obj, "8"), default_policies, cluster).allowed
@@ -188,36 +188,38 @@ def test_knative_mode_is_judged_but_kept_as_written(
 def test_the_workers_share_the_predictors_labels_and_annotations(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
-    """spec.predictor.workerSpec: its own PodSpec, the predictor's labels and annotations. Where
-    the two pods' annotations differ, the predictor's is written and the pod webhook sets the
-    worker's."""
+    """spec.predictor.workerSpec: its own PodSpec, the predictor's labels and annotations. The
+    two pods get different gpuwarden.io/containers there, so the object cannot carry both: it is
+    judged and kept as written, and the pod webhook gives each pod its own."""
     obj = isvc()
     obj["spec"]["predictor"]["workerSpec"] = {
         "tensorParallelSize": 2,
         "containers": [{"name": "worker-container", "image": "w", "resources": GPU}],
     }
+    assert pod_of(obj, "worker")["metadata"]["labels"]["component"] == "predictor"
     result = admitted(obj, default_policies, cluster)
     assert [r.replica.name for r in result.replicas] == ["predictor", "worker"]
-    stored = dict(result.pod)
-    worker = stored["spec"]["predictor"]["workerSpec"]
-    assert worker["tensorParallelSize"] == 2
-    assert worker["containers"][0]["resources"]["limits"]["volcano.sh/vgpu-number"] == "1"
-    annotations = stored["spec"]["predictor"]["annotations"]
-    assert annotations["gpuwarden.io/containers"] == "kserve-container"
-    predictor_again = admit(
-        AdmissionRequest("CREATE", "tenant-b", pod_of(stored, "predictor")),
-        default_policies,
-        cluster,
+    assert result.allowed and result.mutation.patch == () and result.pod == obj
+    assert result.mutation.warnings[0] == (
+        "gpuwarden: the InferenceService is kept as written: predictor, worker pods differ in "
+        "spec.predictor.annotations"
     )
-    assert predictor_again.mutation.patch == ()
-    worker_pod = pod_of(stored, "worker")
-    assert worker_pod["metadata"]["labels"]["component"] == "predictor"
-    worker_again = admit(
-        AdmissionRequest("CREATE", "tenant-b", worker_pod), default_policies, cluster
-    )
-    assert [op["path"] for op in worker_again.mutation.patch] == [
-        "/metadata/annotations/gpuwarden.io~1containers"
-    ]
+
+
+def test_an_llm_leader_without_gpus_keeps_its_shared_metadata_clean(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """A CPU leader and GPU workers share spec.annotations: writing the workers' gpuwarden
+    annotations there would put them on the leader's pods too, which the validation then
+    refuses (only gpuwarden writes them, and it gives the leader no profile). The object is
+    kept as written and stays valid."""
+    obj = llmisvc()
+    obj["spec"]["template"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    obj["spec"]["worker"] = {"containers": [{"name": "main", "resources": GPU}]}
+    result = admitted(obj, default_policies, cluster)
+    assert result.allowed and result.mutation.patch == ()
+    assert result.mutation.warnings[0].endswith("leader, worker pods differ in spec.annotations")
+    assert admitted(dict(result.pod), default_policies, cluster).validation.allowed
 
 
 def test_transformer_and_explainer_are_replicas(
@@ -367,3 +369,22 @@ def test_apply_explain_and_review_take_inference_services(
     request = review_for(llm, "llm.yaml", None)["request"]
     assert request["kind"]["version"] == "v1alpha1"
     assert request["resource"]["resource"] == "llminferenceservices"
+
+
+def test_an_update_is_judged_again_only_when_a_component_changes(
+    default_policies: PolicySet, cluster: ClusterView
+) -> None:
+    """KServe's controller adds finalizers and status to a stored object: not judged again (a
+    tightened policy must not block its updates); a new model resource is."""
+    stored = dict(admitted(isvc(), default_policies, cluster).pod)
+    finalized = copy.deepcopy(stored)
+    finalized["metadata"]["finalizers"] = ["inferenceservice.finalizers"]
+    update = AdmissionRequest("UPDATE", "tenant-b", finalized, old_pod=stored)
+    result = admit_job(update, default_policies, cluster)
+    assert result.replicas == () and result.allowed
+    grown = copy.deepcopy(stored)
+    grown["spec"]["predictor"]["model"]["resources"]["limits"]["nvidia.com/gpu"] = "8"
+    update = AdmissionRequest("UPDATE", "tenant-b", grown, old_pod=stored)
+    result = admit_job(update, default_policies, cluster)
+    assert [r.replica.name for r in result.replicas] == ["predictor"]
+    assert result.validation.message.startswith("predictor: gpuwarden denied the pod: ")

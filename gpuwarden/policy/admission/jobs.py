@@ -115,23 +115,16 @@ def twin_patch(
     job: Mapping[str, Any],
     twins: Sequence[tuple[str, str]],
     pod_patch: Sequence[Mapping[str, Any]],
-    taken: Mapping[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The pod's JSON Patch written onto the job's fields that make the pod (``twins``), valid
     against ``job``: the maps an operation needs created first, a map added where the job has
-    one merged key by key; and the pod paths that have no twin (not the controller's own), or
-    whose twin another replica's pods share and ``taken`` (the job's paths already written, with
-    their values) holds with another value."""
+    one merged key by key; and the pod paths that have no twin (not the controller's own)."""
     document: Any = job
     ops: list[dict[str, Any]] = []
     lost: list[str] = []
-    taken = taken or {}
 
-    def emit(op: dict[str, Any], pod_path: str = "") -> None:
+    def emit(op: dict[str, Any]) -> None:
         nonlocal document
-        if op["op"] == "add" and op["path"] in taken and taken[op["path"]] != op["value"]:
-            lost.append(pod_path)
-            return
         ops.append(op)
         document = jsonpatch.apply_patch(document, [op])
 
@@ -162,14 +155,49 @@ def twin_patch(
             lost.append(op["path"])
         elif isinstance(op.get("value"), Mapping) and isinstance(current, Mapping):
             for key, value in op["value"].items():
-                emit(
-                    {"op": "add", "path": f"{target}/{escape(str(key))}", "value": value},
-                    f"{op['path']}/{escape(str(key))}",
-                )
+                emit({"op": "add", "path": f"{target}/{escape(str(key))}", "value": value})
         else:
             verb = "add" if current is _MISSING else op["op"]
-            emit({"op": verb, "path": target, "value": op.get("value")}, op["path"])
+            emit({"op": verb, "path": target, "value": op.get("value")})
     return ops, lost
+
+
+def _writes_under(
+    twins: Sequence[tuple[str, str]], pod_patch: Sequence[Mapping[str, Any]], prefix: str
+) -> dict[str, Any]:
+    """What a pod's patch writes under the job's ``prefix`` through ``twins``, key by key."""
+    writes: dict[str, Any] = {}
+    for op in pod_patch:
+        target = twin_of(twins, op["path"])
+        if op["path"] in _CONTROLLER_FIELDS or target is None:
+            continue
+        value = op.get("value") if op["op"] != "remove" else _MISSING
+        if isinstance(value, Mapping):
+            items = {f"{target}/{escape(str(k))}": v for k, v in value.items()}
+        else:
+            items = {target: value}
+        writes |= {t: v for t, v in items.items() if t == prefix or t.startswith(prefix + "/")}
+    return writes
+
+
+def _split_twins(replicas: Sequence[ReplicaAdmission]) -> tuple[str, str, str] | None:
+    """Two replicas whose pods share a field of the job (the labels of an LLMInferenceService's
+    leader and workers) but would get different values in it: their names and the field."""
+    holders: dict[str, list[ReplicaAdmission]] = {}
+    for r in replicas:
+        for _, target in r.replica.twins:
+            holders.setdefault(target, []).append(r)
+    for prefix, sharing in holders.items():
+        if len(sharing) < 2:
+            continue
+        first, *others = sharing
+        seen = _writes_under(first.replica.twins, first.admission.mutation.patch, prefix)
+        for other in others:
+            writes = _writes_under(other.replica.twins, other.admission.mutation.patch, prefix)
+            if writes != seen:
+                field = prefix.lstrip("/").replace("/", ".")
+                return first.replica.name, other.replica.name, field
+    return None
 
 
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
@@ -241,12 +269,16 @@ def admit_job(
         return JobAdmission(denial, denial, job)
     kept = jobs.kept_as_written(job)
     keep = kept is not None or _keeps_templates(request, policies, cluster)
-    current: Mapping[str, Any] = job  # as the replicas' patches so far leave it, for twins
     replicas: list[ReplicaAdmission] = []
     patch: list[dict[str, Any]] = []
     notes: list[str] = []
+    # Replicas built from the job's own fields may share some (their pods' labels): where one
+    # changed, all are judged, so that what they share is decided together.
+    twins_changed = any(r.twins and _changed(r, request.old_pod) for r in templates)
     for replica in templates:
-        if request.operation == "UPDATE" and not _changed(replica, request.old_pod):
+        if request.operation == "UPDATE" and not (
+            _changed(replica, request.old_pod) or (replica.twins and twins_changed)
+        ):
             continue
         pod = jobs.replica_pod(job, replica, request.namespace)
         pod_request = AdmissionRequest(
@@ -255,20 +287,7 @@ def admit_job(
         admission = admit_pod(pod_request)
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
-        if not keep and replica.twins:
-            taken = {op["path"]: op.get("value") for op in patch if op["op"] != "remove"}
-            ops, lost = twin_patch(current, replica.twins, admission.mutation.patch, taken)
-            patch += ops
-            current = jsonpatch.apply_patch(dict(current), ops) if ops else current
-            if lost:
-                notes.append(
-                    warning(
-                        f"{_PREFIX}{replica.name}: {', '.join(lost)} of its pods not written to "
-                        f"the {kind} (no field of it holds them, or one another replica's pods "
-                        "share holds another value); each pod gets them when it is created"
-                    )
-                )
-        elif not keep:
+        if not keep and not replica.twins:
             patch += template_patch(replica.template, replica.path, admission.mutation.patch)
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
@@ -284,16 +303,36 @@ def admit_job(
                 )
             if not later.validation.allowed and admission.validation.allowed:
                 replicas[-1] = ReplicaAdmission(replica, other, later)
+    split = _split_twins(replicas)
+    if split is not None and kept is None:
+        kept = f"the {kind} is kept as written: {split[0]}, {split[1]} pods differ in {split[2]}"
+        keep = True
+    current: Mapping[str, Any] = job  # as the replicas' patches so far leave it
+    for r in replicas if not keep else ():
+        if r.replica.twins:
+            ops, lost = twin_patch(current, r.replica.twins, r.admission.mutation.patch)
+            patch += ops
+            current = jsonpatch.apply_patch(dict(current), ops) if ops else current
+            if lost:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{r.replica.name}: {', '.join(lost)} of its pods not written "
+                        f"to the {kind} (no field of it holds them); each pod gets them when "
+                        "it is created"
+                    )
+                )
     decisions = [r.admission.mutation for r in replicas]
     if keep and any(d.patch for d in decisions):
-        notes.append(
-            warning(
-                f"{_PREFIX}{kept}"
-                if kept is not None
-                else f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each "
-                "pod gets the above when it is created"
+        if kept is not None:
+            # First, where the bound on warnings cannot cut it off.
+            notes.insert(0, warning(f"{_PREFIX}{kept}"))
+        else:
+            notes.append(
+                warning(
+                    f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each "
+                    "pod gets the above when it is created"
+                )
             )
-        )
     mutation = _named(Decision(patch=tuple(patch), warnings=bounded_warnings(notes)), decisions)
     mutated: Mapping[str, Any] = job
     if patch:
