@@ -145,24 +145,31 @@ def test_an_allowed_standard_isvc_carries_what_its_pods_will_get(
     )
 
 
-def test_inline_containers_map_back_to_their_own_index(
+def test_a_predictor_of_containers_is_written_back_onto_them(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
-    """A predictor of containers (no model): the patch of the pod's containers[1] lands on
-    spec.predictor.containers[1]."""
+    """A predictor of containers (no model): KServe's defaulter names its only container
+    kserve-container (predictor_custom.go, Default), so the pod's is; the pod's patch lands on
+    spec.predictor.containers, whose name stays as written."""
     obj = isvc()
     predictor = obj["spec"]["predictor"]
     model = predictor.pop("model")
-    predictor["containers"] = [
-        {"name": "proxy", "image": "p"},
-        {"name": "kserve-container", "image": "m", "resources": model["resources"]},
-    ]
+    predictor["containers"] = [{"name": "main", "image": "m", "resources": model["resources"]}]
+    (container,) = pod_of(obj, "predictor")["spec"]["containers"]
+    assert container["name"] == "kserve-container"
     result = admitted(obj, default_policies, cluster)
     assert result.allowed
-    proxy, server = result.pod["spec"]["predictor"]["containers"]
-    assert proxy == {"name": "proxy", "image": "p"}
+    (server,) = result.pod["spec"]["predictor"]["containers"]
+    assert server["name"] == "main"
     assert server["resources"]["limits"]["volcano.sh/vgpu-number"] == "1"
+    assert result.pod["spec"]["predictor"]["annotations"]["gpuwarden.io/containers"] == (
+        "kserve-container"
+    )
     assert all(op["path"].startswith("/spec/predictor/") for op in result.mutation.patch)
+    # Two containers keep their names (the defaulter names only an unnamed first one).
+    predictor["containers"].append({"name": "proxy", "image": "p"})
+    names = [c["name"] for c in pod_of(obj, "predictor")["spec"]["containers"]]
+    assert names == ["main", "proxy"]
 
 
 def test_knative_mode_is_judged_but_kept_as_written(

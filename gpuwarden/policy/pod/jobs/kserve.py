@@ -304,6 +304,8 @@ class InferenceServiceKind(JobKind):
                 (f"/spec/containers/{k + 1}", _pointer((*base, "containers", str(i))))
                 for k, i in enumerate(order)
             ]
+        elif inline and isinstance(inline[0], Mapping):
+            pod_spec["containers"] = [_default_name(name, inline), *inline[1:]]
         twins.append(("/spec", _pointer(base)))
         labels = self._labels_and_annotations(job, component)
         template = {"metadata": labels, "spec": pod_spec}
@@ -342,6 +344,16 @@ class InferenceServiceKind(JobKind):
             f"the {self.kind} is kept as written: Knative mode refuses pod fields like "
             "schedulerName (docs/jobs.md)"
         )
+
+
+def _default_name(component: str, inline: list[Any]) -> Mapping[str, Any]:
+    """The first container as KServe's defaulter leaves it: named kserve-container when it is
+    a transformer's or explainer's, or the predictor's only or unnamed one
+    (predictor_custom.go, transformer_custom.go, explainer_custom.go: Default)."""
+    first: Mapping[str, Any] = inline[0]
+    if component != "predictor" or len(inline) == 1 or not first.get("name"):
+        return {**first, "name": MODEL_CONTAINER}
+    return first
 
 
 def _min_replicas(component: Mapping[str, Any]) -> int:
