@@ -13,7 +13,7 @@ import yaml
 
 from gpuwarden.commands.review import review_for
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit
-from gpuwarden.policy.admission.jobs import JobAdmission, admit_job
+from gpuwarden.policy.admission.jobs import JobAdmission, admit_job, twin_patch
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import kserve
 from gpuwarden.policy.pod.workloads import identify
@@ -395,3 +395,34 @@ def test_an_update_is_judged_again_only_when_a_component_changes(
     result = admit_job(update, default_policies, cluster)
     assert [r.replica.name for r in result.replicas] == ["predictor"]
     assert result.validation.message.startswith("predictor: gpuwarden denied the pod: ")
+
+
+def test_twin_patch_creates_parents_merges_maps_and_names_what_has_no_twin() -> None:
+    job = {"spec": {"predictor": {"model": {"resources": {"limits": {"nvidia.com/gpu": "1"}}}}}}
+    twins = (
+        ("/metadata/annotations", "/spec/predictor/annotations"),
+        ("/metadata/labels", "/spec/predictor/labels"),
+        ("/spec/containers/0", "/spec/predictor/model"),
+        ("/spec", "/spec/predictor"),
+    )
+    pod_patch = [
+        {"op": "remove", "path": "/spec/containers/0/resources/limits/nvidia.com~1gpu"},
+        {"op": "add", "path": "/metadata/annotations", "value": {"a/b": "1"}},
+        {"op": "add", "path": "/metadata/annotations/c", "value": "2"},
+        {"op": "add", "path": "/metadata/annotations", "value": {"d": "3"}},
+        {"op": "replace", "path": "/spec/schedulerName", "value": "volcano"},
+        {"op": "remove", "path": "/metadata/annotations/from-the-object"},
+        {"op": "add", "path": "/metadata/labels/x", "value": "y"},
+        {"op": "add", "path": "/metadata/finalizers", "value": ["f"]},
+    ]
+    ops, lost = twin_patch(job, twins, pod_patch)
+    assert ops == [
+        {"op": "remove", "path": "/spec/predictor/model/resources/limits/nvidia.com~1gpu"},
+        {"op": "add", "path": "/spec/predictor/annotations", "value": {"a/b": "1"}},
+        {"op": "add", "path": "/spec/predictor/annotations/c", "value": "2"},
+        {"op": "add", "path": "/spec/predictor/annotations/d", "value": "3"},
+        {"op": "add", "path": "/spec/predictor/schedulerName", "value": "volcano"},
+        {"op": "add", "path": "/spec/predictor/labels", "value": {}},
+        {"op": "add", "path": "/spec/predictor/labels/x", "value": "y"},
+    ]
+    assert lost == ["/metadata/annotations/from-the-object", "/metadata/finalizers"]
