@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from gpuwarden.policy import ClusterView, Decision, PolicySet
-from gpuwarden.policy.admission.jobs import admit_job, twin_of, unreadable_job
+from gpuwarden.policy.admission.jobs import admit_job, field_name, twin_of, unreadable_job
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.spec.model import EnforcementAction
@@ -27,8 +27,7 @@ def _check_twins(pod: dict[str, object], twins: tuple[tuple[str, str], ...]) -> 
         twin = twin_of(twins, pointer)
         if twin is None:
             raise
-        field = re.sub(r"/(\d+)(?=/|$)", r"[\1]", twin).replace("/", ".").lstrip(".")
-        raise ShapeError(f"request.object.{field}{str(exc)[found.end() :]}") from None
+        raise ShapeError(f"request.object.{field_name(twin)}{str(exc)[found.end() :]}") from None
 
 
 def decide_job(

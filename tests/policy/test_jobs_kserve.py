@@ -70,11 +70,17 @@ def test_an_over_limit_predictor_is_refused_with_the_components_message(
     assert result.validation.message.startswith(
         "predictor: gpuwarden denied the pod: container kserve-container asks for 8 GPUs"
     )
-    # The predictor's pod, as KServe creates it, gets the very same denial.
+    # The predictor's pod, as KServe creates it, gets the very same denial, which names the
+    # pod's container where the InferenceService's message names the field to change.
     alone = admit(
         AdmissionRequest("CREATE", "tenant-b", pod_of(obj, "predictor")), default_policies, cluster
     )
-    assert result.validation.message == f"predictor: {alone.validation.message}"
+    assert "ask for at most 2 in spec.containers[kserve-container].resources" in (
+        alone.validation.message
+    )
+    assert result.validation.message == "predictor: " + alone.validation.message.replace(
+        "spec.containers[kserve-container]", "spec.predictor.model"
+    )
 
 
 def test_the_predicted_predictor_pod_is_what_kserve_builds(

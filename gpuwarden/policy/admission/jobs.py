@@ -9,6 +9,7 @@ charge templates (Kueue, Volcano's PodGroup minResources) charge what the pods u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -200,6 +201,27 @@ def _split_twins(replicas: Sequence[ReplicaAdmission]) -> tuple[str, str, str] |
     return None
 
 
+def field_name(pointer: str) -> str:
+    """A JSON pointer as messages name fields: ``/spec/containers/0`` is spec.containers[0]."""
+    return re.sub(r"/(\d+)(?=/|$)", r"[\1]", pointer).replace("/", ".").lstrip(".")
+
+
+def _in_job_terms(replica: ReplicaTemplate, pod: Mapping[str, Any], message: str) -> str:
+    """A pod's denial naming the job's fields where the pod was built from them: the
+    container ``spec.containers[kserve-container]`` as ``spec.predictor.model``."""
+    spec = pod.get("spec")
+    if not replica.twins or not isinstance(spec, Mapping):
+        return message
+    for field in ("containers", "initContainers"):
+        items = spec.get(field)
+        for i, c in enumerate(items if isinstance(items, list) else ()):
+            name = c.get("name") if isinstance(c, Mapping) else None
+            twin = twin_of(replica.twins, f"/spec/{field}/{i}")
+            if isinstance(name, str) and twin is not None:
+                message = message.replace(f"spec.{field}[{name}]", field_name(twin))
+    return message
+
+
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
     """Whether an update changed what the replica's pods are made of (a new replica counts)."""
     if old is None:
@@ -341,7 +363,7 @@ def admit_job(
     for r in replicas:
         denied = r.admission.validation
         if not denied.allowed:
-            message = f"{r.replica.name}: {denied.message}"
+            message = f"{r.replica.name}: {_in_job_terms(r.replica, r.pod, denied.message)}"
             if len(message) > MAX_MESSAGE:
                 message = message[: MAX_MESSAGE - 3] + "..."
             validation = denied._replace(message=message, warnings=())
