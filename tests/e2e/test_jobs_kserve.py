@@ -246,6 +246,10 @@ def test_the_api_server_sends_the_services_the_twin_says(
     llm_worker["spec"]["worker"] = {
         "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]
     }
+    llm_bare = copy.deepcopy(llm_cpu)
+    llm_bare["metadata"]["name"] += "-bare"
+    del llm_bare["spec"]["template"]
+    llm_bare["spec"]["labels"] = {"gpuwarden.io/profile": "inference"}
     cases: list[tuple[Obj, tuple[str, str], bool]] = [
         (cpu, ISVC, False),
         (isvc_in(ns), ISVC, True),
@@ -254,6 +258,7 @@ def test_the_api_server_sends_the_services_the_twin_says(
         (llm_cpu, LLMISVC, False),
         (llm, LLMISVC, True),
         (llm_worker, LLMISVC, True),
+        (llm_bare, LLMISVC, False),  # labels without a template of its own: the pods decide
     ]
     for obj, version_plural, sent in cases:
         assert job_needs_review(obj) is sent

@@ -279,6 +279,11 @@ def test_the_job_scope_sends_gpu_services_only() -> None:
     assert job_needs_review(llm)
     llm["spec"]["template"]["containers"][0]["resources"] = {}
     assert not job_needs_review(llm)
+    llm["spec"]["labels"] = {"gpuwarden.io/profile": "inference"}
+    assert job_needs_review(llm)
+    # As in the CEL, the workload's labels are looked at only where it has a template.
+    del llm["spec"]["template"]
+    assert not job_needs_review(llm)
 
 
 # --- LLMInferenceService ----------------------------------------------------------------------

@@ -598,6 +598,8 @@ def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
     if any(_at(job, path) != value for path, value in site.when):
         return False
     found = _at(job, site.path)
+    if found is None:  # the CEL's has() on the way fails first
+        return False
     if site.shape == "podSpec":
         return _pod_spec_needs(found) or (bool(site.meta) and _meta_needs(_at(job, site.meta)))
     if site.shape == "container":
