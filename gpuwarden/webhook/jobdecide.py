@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from gpuwarden.policy import ClusterView, Decision, PolicySet
-from gpuwarden.policy.admission.jobs import admit_job, field_name, twin_of, unreadable_job
+from gpuwarden.policy.admission.jobs import admit_job, unreadable_job
+from gpuwarden.policy.admission.twins import job_field
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.spec.model import EnforcementAction
@@ -21,13 +22,10 @@ def _check_twins(pod: dict[str, object], twins: tuple[tuple[str, str], ...]) -> 
         check_pod(pod, "request.object")
     except ShapeError as exc:
         found = _POD_FIELD.match(str(exc))
-        if found is None:
+        field = job_field(twins, found.group(1)) if found else None
+        if found is None or field is None:
             raise
-        pointer = "/" + re.sub(r"\[(\d+)\]", r".\1", found.group(1)).replace(".", "/")
-        twin = twin_of(twins, pointer)
-        if twin is None:
-            raise
-        raise ShapeError(f"request.object.{field_name(twin)}{str(exc)[found.end() :]}") from None
+        raise ShapeError(f"request.object.{field}{str(exc)[found.end() :]}") from None
 
 
 def decide_job(

@@ -13,7 +13,8 @@ import yaml
 
 from gpuwarden.commands.review import review_for
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit
-from gpuwarden.policy.admission.jobs import JobAdmission, admit_job, twin_patch
+from gpuwarden.policy.admission.jobs import JobAdmission, admit_job
+from gpuwarden.policy.admission.twins import twin_patch
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import kserve
 from gpuwarden.policy.pod.workloads import identify

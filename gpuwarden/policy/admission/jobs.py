@@ -9,7 +9,6 @@ charge templates (Kueue, Volcano's PodGroup minResources) charge what the pods u
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -25,6 +24,7 @@ from gpuwarden.policy.admission.decision import (
 )
 from gpuwarden.policy.admission.patch import escape, pointer
 from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
+from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
@@ -85,141 +85,9 @@ def template_patch(
     return parents + [{**op, "path": base + op["path"]} for op in ops]
 
 
-_MISSING = object()
-
-
-def _tokens(path: str) -> list[str]:
-    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
-
-
-def _resolve(document: Any, tokens: Sequence[str]) -> Any:
-    for token in tokens:
-        if isinstance(document, Mapping):
-            document = document.get(token, _MISSING)
-        elif isinstance(document, list) and token.isdigit() and int(token) < len(document):
-            document = document[int(token)]
-        else:
-            return _MISSING
-    return document
-
-
-def twin_of(twins: Sequence[tuple[str, str]], path: str) -> str | None:
-    """The job's JSON pointer that holds the pod's field at ``path``, or None."""
-    found = [(pod, job) for pod, job in twins if path == pod or path.startswith(pod + "/")]
-    if not found:
-        return None
-    pod, job = max(found, key=lambda pair: len(pair[0]))
-    return job + path[len(pod) :]
-
-
-def twin_patch(
-    job: Mapping[str, Any],
-    twins: Sequence[tuple[str, str]],
-    pod_patch: Sequence[Mapping[str, Any]],
-) -> tuple[list[dict[str, Any]], list[str]]:
-    """The pod's JSON Patch written onto the job's fields that make the pod (``twins``), valid
-    against ``job``: the maps an operation needs created first, a map added where the job has
-    one merged key by key; and the pod paths that have no twin (not the controller's own)."""
-    document: Any = job
-    ops: list[dict[str, Any]] = []
-    lost: list[str] = []
-
-    def emit(op: dict[str, Any]) -> None:
-        nonlocal document
-        ops.append(op)
-        document = jsonpatch.apply_patch(document, [op])
-
-    for op in pod_patch:
-        if op["path"] in _CONTROLLER_FIELDS:
-            continue
-        target = twin_of(twins, op["path"])
-        if target is None:
-            lost.append(op["path"])
-            continue
-        tokens = _tokens(target)
-        current = _resolve(document, tokens)
-        if op["op"] == "remove":
-            if current is _MISSING:
-                lost.append(op["path"])
-            else:
-                emit({"op": "remove", "path": target})
-            continue
-        parent_ok = True
-        for depth in range(1, len(tokens)):
-            here = _resolve(document, tokens[:depth])
-            if here is _MISSING:
-                emit({"op": "add", "path": pointer(tokens[:depth]), "value": {}})
-            elif not isinstance(here, (Mapping, list)):
-                parent_ok = False
-                break
-        if not parent_ok:
-            lost.append(op["path"])
-        elif isinstance(op.get("value"), Mapping) and isinstance(current, Mapping):
-            for key, value in op["value"].items():
-                emit({"op": "add", "path": f"{target}/{escape(str(key))}", "value": value})
-        else:
-            verb = "add" if current is _MISSING else op["op"]
-            emit({"op": verb, "path": target, "value": op.get("value")})
-    return ops, lost
-
-
-def _writes_under(
-    twins: Sequence[tuple[str, str]], pod_patch: Sequence[Mapping[str, Any]], prefix: str
-) -> dict[str, Any]:
-    """What a pod's patch writes under the job's ``prefix`` through ``twins``, key by key."""
-    writes: dict[str, Any] = {}
-    for op in pod_patch:
-        target = twin_of(twins, op["path"])
-        if op["path"] in _CONTROLLER_FIELDS or target is None:
-            continue
-        value = op.get("value") if op["op"] != "remove" else _MISSING
-        if isinstance(value, Mapping):
-            items = {f"{target}/{escape(str(k))}": v for k, v in value.items()}
-        else:
-            items = {target: value}
-        writes |= {t: v for t, v in items.items() if t == prefix or t.startswith(prefix + "/")}
-    return writes
-
-
-def _split_twins(replicas: Sequence[ReplicaAdmission]) -> tuple[str, str, str] | None:
-    """Two replicas whose pods share a field of the job (the labels of an LLMInferenceService's
-    leader and workers) but would get different values in it: their names and the field."""
-    holders: dict[str, list[ReplicaAdmission]] = {}
-    for r in replicas:
-        for _, target in r.replica.twins:
-            holders.setdefault(target, []).append(r)
-    for prefix, sharing in holders.items():
-        if len(sharing) < 2:
-            continue
-        first, *others = sharing
-        seen = _writes_under(first.replica.twins, first.admission.mutation.patch, prefix)
-        for other in others:
-            writes = _writes_under(other.replica.twins, other.admission.mutation.patch, prefix)
-            if writes != seen:
-                field = prefix.lstrip("/").replace("/", ".")
-                return first.replica.name, other.replica.name, field
-    return None
-
-
-def field_name(pointer: str) -> str:
-    """A JSON pointer as messages name fields: ``/spec/containers/0`` is spec.containers[0]."""
-    return re.sub(r"/(\d+)(?=/|$)", r"[\1]", pointer).replace("/", ".").lstrip(".")
-
-
-def _in_job_terms(replica: ReplicaTemplate, pod: Mapping[str, Any], message: str) -> str:
-    """A pod's denial naming the job's fields where the pod was built from them: the
-    container ``spec.containers[kserve-container]`` as ``spec.predictor.model``."""
-    spec = pod.get("spec")
-    if not replica.twins or not isinstance(spec, Mapping):
-        return message
-    for field in ("containers", "initContainers"):
-        items = spec.get(field)
-        for i, c in enumerate(items if isinstance(items, list) else ()):
-            name = c.get("name") if isinstance(c, Mapping) else None
-            twin = twin_of(replica.twins, f"/spec/{field}/{i}")
-            if isinstance(name, str) and twin is not None:
-                message = message.replace(f"spec.{field}[{name}]", field_name(twin))
-    return message
+def _own(pod_patch: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A pod's patch less what touches the fields its controller writes."""
+    return [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
 
 
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
@@ -325,14 +193,16 @@ def admit_job(
                 )
             if not later.validation.allowed and admission.validation.allowed:
                 replicas[-1] = ReplicaAdmission(replica, other, later)
-    split = _split_twins(replicas)
+    split = split_twins(
+        [(r.replica.name, r.replica.twins, _own(r.admission.mutation.patch)) for r in replicas]
+    )
     if split is not None and kept is None:
         kept = f"the {kind} is kept as written: {split[0]}, {split[1]} pods differ in {split[2]}"
         keep = True
     current: Mapping[str, Any] = job  # as the replicas' patches so far leave it
     for r in replicas if not keep else ():
         if r.replica.twins:
-            ops, lost = twin_patch(current, r.replica.twins, r.admission.mutation.patch)
+            ops, lost = twin_patch(current, r.replica.twins, _own(r.admission.mutation.patch))
             patch += ops
             current = jsonpatch.apply_patch(dict(current), ops) if ops else current
             if lost:
@@ -363,7 +233,7 @@ def admit_job(
     for r in replicas:
         denied = r.admission.validation
         if not denied.allowed:
-            message = f"{r.replica.name}: {_in_job_terms(r.replica, r.pod, denied.message)}"
+            message = f"{r.replica.name}: {in_job_terms(r.replica.twins, r.pod, denied.message)}"
             if len(message) > MAX_MESSAGE:
                 message = message[: MAX_MESSAGE - 3] + "..."
             validation = denied._replace(message=message, warnings=())
