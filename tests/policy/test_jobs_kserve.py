@@ -253,6 +253,12 @@ def test_transformer_and_explainer_are_replicas(
     over["spec"]["explainer"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "16"}}
     denied = admitted(over, default_policies, cluster)
     assert denied.validation.message.startswith("explainer: gpuwarden denied the pod: ")
+    # The ART shorthand (explainer_art.go) holds the explainer's container fields.
+    art = copy.deepcopy(obj)
+    art["spec"]["explainer"] = {"art": {"type": "SquareAttack", "resources": GPU}}
+    (container,) = pod_of(art, "explainer")["spec"]["containers"]
+    assert container == {"resources": GPU, "name": "kserve-container"}
+    assert job_needs_review(art)
 
 
 def test_modelmesh_services_are_decided_pod_by_pod(

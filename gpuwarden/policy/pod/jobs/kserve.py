@@ -110,6 +110,8 @@ _MODEL_OWN_FIELDS = frozenset(
         "protocolVersion",
         "storage",
         "confidential",
+        "config",  # ARTExplainerSpec
+        "type",
     }
 )
 #: A component's fields beside its inline PodSpec (component.go ComponentExtensionSpec,
@@ -141,6 +143,13 @@ _COMPONENT_OWN_FIELDS = frozenset(
     }
 )
 COMPONENTS = ("predictor", "transformer", "explainer")
+#: Each component's shorthands that hold its server container's fields (the explainer's ART
+#: spec, explainer.go ARTExplainerSpec, is one too).
+SHORTHANDS: Mapping[str, tuple[str, ...]] = {
+    "predictor": MODEL_FIELDS,
+    "transformer": (),
+    "explainer": ("art",),
+}
 WORKER = "worker"
 
 # LLMInferenceService pod labels (pkg/constants/constants.go).
@@ -236,7 +245,11 @@ class InferenceServiceKind(JobKind):
         return (
             *components,
             TemplateSite(("spec", "predictor", "workerSpec"), shape="podSpec"),
-            *(TemplateSite(("spec", "predictor", m), shape="container") for m in MODEL_FIELDS),
+            *(
+                TemplateSite(("spec", c, m), shape="container")
+                for c, fields in SHORTHANDS.items()
+                for m in fields
+            ),
         )
 
     def templates(self, job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
@@ -282,8 +295,8 @@ class InferenceServiceKind(JobKind):
         pod_spec = {k: v for k, v in component.items() if k not in _COMPONENT_OWN_FIELDS}
         inline = _containers(f"{where}.containers", component.get("containers"))
         twins: list[tuple[str, str]] = [*_metadata_twins(base)]
-        model = next((m for m in MODEL_FIELDS if component.get(m) is not None), None)
-        if name == "predictor" and model is not None:
+        model = next((m for m in SHORTHANDS[name] if component.get(m) is not None), None)
+        if model is not None:
             fields = _object(f"{where}.{model}", component[model])
             container = {k: v for k, v in fields.items() if k not in _MODEL_OWN_FIELDS}
             container["name"] = MODEL_CONTAINER
