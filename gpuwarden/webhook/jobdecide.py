@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
+import re
+
 from gpuwarden.policy import ClusterView, Decision, PolicySet
 from gpuwarden.policy.admission.jobs import admit_job, unreadable_job
+from gpuwarden.policy.admission.twins import job_field
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.resources import reaches_accelerator
 from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.webhook.podshape import ShapeError, check_pod
 from gpuwarden.webhook.review import Review, ReviewError
+
+_POD_FIELD = re.compile(r"^request\.object\.(\S+)")
+
+
+def _check_twins(pod: dict[str, object], twins: tuple[tuple[str, str], ...]) -> None:
+    """check_pod on a pod built from the job's own fields, its error naming the job's field."""
+    try:
+        check_pod(pod, "request.object")
+    except ShapeError as exc:
+        found = _POD_FIELD.match(str(exc))
+        field = job_field(twins, found.group(1)) if found else None
+        if found is None or field is None:
+            raise
+        raise ShapeError(f"request.object.{field}{str(exc)[found.end() :]}") from None
 
 
 def decide_job(
@@ -34,7 +51,10 @@ def decide_job(
         replicas = jobs.replica_templates(job)
         pods = [jobs.replica_pod(job, r, review.namespace) for r in replicas]
         for replica, pod in zip(replicas, pods, strict=True):
-            check_pod(pod, f"request.object.{'.'.join(replica.path)}")
+            if replica.twins:
+                _check_twins(pod, replica.twins)
+            else:
+                check_pod(pod, f"request.object.{'.'.join(replica.path)}")
     except (jobs.JobShapeError, ShapeError) as exc:
         return unreadable_job(kind, str(exc))
     if refusal is not None:

@@ -24,6 +24,7 @@ from gpuwarden.policy.admission.decision import (
 )
 from gpuwarden.policy.admission.patch import escape, pointer
 from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
+from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
@@ -150,6 +151,11 @@ def replica_patch(replica: ReplicaTemplate, admission: Admission) -> list[dict[s
     )
 
 
+def _own(pod_patch: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A pod's patch less what touches the fields its controller writes."""
+    return [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
+
+
 def _changed(replica: ReplicaTemplate, old: Mapping[str, Any] | None) -> bool:
     """Whether an update changed what the replica's pods are made of (a new replica counts)."""
     if old is None:
@@ -218,12 +224,18 @@ def admit_job(
     except JobShapeError as exc:
         denial = unreadable_job(kind, str(exc))
         return JobAdmission(denial, denial, job)
-    keep = _keeps_templates(request, policies, cluster)
+    kept = jobs.kept_as_written(job)
+    keep = kept is not None or _keeps_templates(request, policies, cluster)
     replicas: list[ReplicaAdmission] = []
     patch: list[dict[str, Any]] = []
     notes: list[str] = []
+    # Replicas built from the job's own fields may share some (their pods' labels): where one
+    # changed, all are judged, so that what they share is decided together.
+    twins_changed = any(r.twins and _changed(r, request.old_pod) for r in templates)
     for replica in templates:
-        if request.operation == "UPDATE" and not _changed(replica, request.old_pod):
+        if request.operation == "UPDATE" and not (
+            _changed(replica, request.old_pod) or (replica.twins and twins_changed)
+        ):
             continue
         pod = jobs.replica_pod(job, replica, request.namespace)
         pod_request = AdmissionRequest(
@@ -232,7 +244,7 @@ def admit_job(
         admission = admit_pod(pod_request)
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
-        if not keep:
+        if not keep and not replica.twins:
             patch += replica_patch(replica, admission)
             if replica.resources_of is not None and admission.mutation.patch:
                 notes.append(
@@ -256,14 +268,38 @@ def admit_job(
                 )
             if not later.validation.allowed and admission.validation.allowed:
                 replicas[-1] = ReplicaAdmission(replica, other, later)
+    split = split_twins(
+        [(r.replica.name, r.replica.twins, _own(r.admission.mutation.patch)) for r in replicas]
+    )
+    if split is not None and kept is None:
+        kept = f"the {kind} is kept as written: {split[0]}, {split[1]} pods differ in {split[2]}"
+        keep = True
+    current: Mapping[str, Any] = job  # as the replicas' patches so far leave it
+    for r in replicas if not keep else ():
+        if r.replica.twins:
+            ops, lost = twin_patch(current, r.replica.twins, _own(r.admission.mutation.patch))
+            patch += ops
+            current = jsonpatch.apply_patch(dict(current), ops) if ops else current
+            if lost:
+                notes.append(
+                    warning(
+                        f"{_PREFIX}{r.replica.name}: {', '.join(lost)} of its pods not written "
+                        f"to the {kind} (no field of it holds them); each pod gets them when "
+                        "it is created"
+                    )
+                )
     decisions = [r.admission.mutation for r in replicas]
     if keep and any(d.patch for d in decisions):
-        notes.append(
-            warning(
-                f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each pod "
-                "gets the above when it is created"
+        if kept is not None:
+            # First, where the bound on warnings cannot cut it off.
+            notes.insert(0, warning(f"{_PREFIX}{kept}"))
+        else:
+            notes.append(
+                warning(
+                    f"{_PREFIX}the {kind} is kept as written (tenant jobTemplates: keep); each "
+                    "pod gets the above when it is created"
+                )
             )
-        )
     mutation = _named(Decision(patch=tuple(patch), warnings=bounded_warnings(notes)), decisions)
     mutated: Mapping[str, Any] = job
     if patch:
@@ -272,7 +308,7 @@ def admit_job(
     for r in replicas:
         denied = r.admission.validation
         if not denied.allowed:
-            message = f"{r.replica.name}: {denied.message}"
+            message = f"{r.replica.name}: {in_job_terms(r.replica.twins, r.pod, denied.message)}"
             if len(message) > MAX_MESSAGE:
                 message = message[: MAX_MESSAGE - 3] + "..."
             validation = denied._replace(message=message, warnings=())

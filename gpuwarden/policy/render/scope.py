@@ -431,7 +431,9 @@ def config_map_needs_review(config_map: Mapping[str, Any]) -> bool:
 def _job_groups() -> dict[str, list[str]]:
     groups: dict[str, list[str]] = {}
     for kind in jobs.ALL_KINDS:
-        groups.setdefault(kind.group, []).append(kind.kind)
+        kinds = groups.setdefault(kind.group, [])
+        if kind.kind not in kinds:
+            kinds.append(kind.kind)
     return groups
 
 
@@ -466,30 +468,38 @@ def _names_gpu(section: str) -> str:
 
 
 def _resources_cel(resources: str) -> str:
-    """A container's resource requirements name a GPU resource (or too many to look into)."""
+    """Resource requirements name a GPU resource (or more resource names than are looked into)."""
     return f"{_names_gpu(f'{resources}.limits')} || {_names_gpu(f'{resources}.requests')}"
 
 
-def _template_cel(template: str, metadata: str | None = None) -> str:
+def _container_cel(c: str) -> str:
+    """The container ``c`` names a GPU resource (or more resource names than are looked into)."""
+    return f"(has({c}.resources) && ({_resources_cel(f'{c}.resources')}))"
+
+
+def _pod_spec_cel(spec: str) -> list[str]:
+    return [
+        f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
+        f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {_container_cel('c')})))"
+        for field in ("containers", "initContainers")
+    ]
+
+
+def _meta_cel(meta: str) -> list[str]:
+    return [
+        f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
+        f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
+        for part in ("labels", "annotations")
+    ]
+
+
+def _template_cel(template: str, meta: str | None = None) -> str:
     """A replica's pod template names a GPU resource, or carries gpuwarden's own keys (in its
-    metadata, or in ``metadata`` where the pods' metadata is kept); or is too large to look
+    metadata, or at ``meta`` where the object keeps the pods' metadata); or is too large to look
     into (more than MAX_CONTAINERS containers of a kind, MAX_ITEMS resource names, labels or
     annotations), and is sent unread."""
-    gpu = f"(has(c.resources) && ({_resources_cel('c.resources')}))"
-    spec, meta = f"{template}.spec", metadata or f"{template}.metadata"
     return " || ".join(
-        [
-            *(
-                f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
-                f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {gpu})))"
-                for field in ("containers", "initContainers")
-            ),
-            *(
-                f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
-                f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
-                for part in ("labels", "annotations")
-            ),
-        ]
+        [*_pod_spec_cel(f"{template}.spec"), *_meta_cel(meta or f"{template}.metadata")]
     )
 
 
@@ -508,16 +518,20 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
                 present.append(test)
     guards = [f'{_field(path)} == "{value}"' for path, value in site.when]
     field = _field(site.path)
+    meta = _field(site.meta) if site.meta else None
     if site.per_replica:
         body = (
             f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
             f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
         )
-    elif site.resources:
+    elif site.shape == "podSpec":
+        body = f"({' || '.join([*_pod_spec_cel(field), *(_meta_cel(meta) if meta else [])])})"
+    elif site.shape == "container":
+        body = f"({_container_cel(field)})"
+    elif site.shape == "resources":
         body = f"({_resources_cel(field)})"
     else:
-        metadata = _field(site.metadata) if site.metadata is not None else None
-        body = f"({_template_cel(field, metadata)})"
+        body = f"({_template_cel(field, meta)})"
     return " && ".join(
         [
             f'request.kind.group == "{kind.group}"',
@@ -536,7 +550,8 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
 #: refuse early what GPU jobs will get. Each kind's templates are where its
 #: :attr:`~gpuwarden.policy.pod.jobs.JobKind.sites` say.
 JOB_CEL = " || ".join(
-    f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites
+    # A kind served in two versions has the same sites in each.
+    dict.fromkeys(f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites)
 )
 
 
@@ -548,23 +563,23 @@ def _resources_need(resources: Any) -> bool:
     )
 
 
-def _template_needs(template: Any, meta: Any = None) -> bool:
-    """:func:`_template_cel`'s twin; ``meta`` the pods' metadata where not the template's."""
-    if not isinstance(template, dict):
+def _job_container_needs(c: Any) -> bool:
+    return isinstance(c, dict) and _resources_need(c.get("resources"))
+
+
+def _pod_spec_needs(spec: Any) -> bool:
+    if not isinstance(spec, dict):
         return False
-    spec = template.get("spec")
-    if isinstance(spec, dict):
-        for field in ("containers", "initContainers"):
-            items = spec.get(field)
-            if not isinstance(items, list):
-                continue
-            if len(items) > MAX_CONTAINERS:
-                return True
-            for c in items:
-                if isinstance(c, dict) and _resources_need(c.get("resources")):
-                    return True
-    if meta is None:
-        meta = template.get("metadata")
+    for field in ("containers", "initContainers"):
+        items = spec.get(field)
+        if not isinstance(items, list):
+            continue
+        if len(items) > MAX_CONTAINERS or any(map(_job_container_needs, items)):
+            return True
+    return False
+
+
+def _meta_needs(meta: Any) -> bool:
     if isinstance(meta, dict):
         for part in ("labels", "annotations"):
             values = meta.get(part)
@@ -573,6 +588,15 @@ def _template_needs(template: Any, meta: Any = None) -> bool:
             ):
                 return True
     return False
+
+
+def _template_needs(template: Any, meta: Any = None) -> bool:
+    """:func:`_template_cel`'s twin; ``meta`` the pods' metadata where not the template's."""
+    if not isinstance(template, dict):
+        return False
+    return _pod_spec_needs(template.get("spec")) or _meta_needs(
+        template.get("metadata") if meta is None else meta
+    )
 
 
 def _at(obj: Any, path: Sequence[str]) -> Any:
@@ -587,15 +611,24 @@ def _site_needs(job: Mapping[str, Any], site: jobs.TemplateSite) -> bool:
     if any(_at(job, path) != value for path, value in site.when):
         return False
     found = _at(job, site.path)
-    if site.resources:
-        return _resources_need(found)
-    if not site.per_replica:
-        return _template_needs(found, (_at(job, site.metadata) or {}) if site.metadata else None)
-    if not isinstance(found, dict):
+    if found is None:  # the CEL's has() on the way fails first
         return False
-    if len(found) > MAX_REPLICA_TYPES:
-        return True
-    return any(isinstance(r, dict) and _template_needs(r.get("template")) for r in found.values())
+    meta = (_at(job, site.meta) or {}) if site.meta else None
+    if site.per_replica:
+        if not isinstance(found, dict):
+            return False
+        if len(found) > MAX_REPLICA_TYPES:
+            return True
+        return any(
+            isinstance(r, dict) and _template_needs(r.get("template")) for r in found.values()
+        )
+    if site.shape == "podSpec":
+        return _pod_spec_needs(found) or _meta_needs(meta)
+    if site.shape == "container":
+        return _job_container_needs(found)
+    if site.shape == "resources":
+        return _resources_need(found)
+    return _template_needs(found, meta)
 
 
 def job_needs_review(job: Mapping[str, Any]) -> bool:

@@ -3,9 +3,10 @@ creates from it.
 
 Each family of kinds lives in its own module, citing its controller's source: the Training
 Operator's v1 jobs (:mod:`.trainingoperator`), batch/v1 Jobs (:mod:`.batch`), Katib's Experiments
-and trials (:mod:`.katib`), the Trainer's TrainJobs (:mod:`.trainer`). This module holds the
-registry and what callers use: which kind an object is, its replica templates, and the pod a
-replica becomes.
+and trials (:mod:`.katib`), Kubeflow Notebooks (:mod:`.notebooks`), the Trainer's TrainJobs
+(:mod:`.trainer`), KServe's InferenceServices and LLMInferenceServices (:mod:`.kserve`). This
+module holds the registry and what callers use: which kind an object is, its replica templates,
+and the pod a replica becomes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.policy.pod.jobs import batch, katib, notebooks, trainer, trainingoperator
+from gpuwarden.policy.pod.jobs import batch, katib, kserve, notebooks, trainer, trainingoperator
 from gpuwarden.policy.pod.jobs.base import (
     JobKind,
     JobShapeError,
@@ -37,6 +38,7 @@ __all__ = [
     "distinct_indices",
     "is_job",
     "job_kind",
+    "kept_as_written",
     "kind_for",
     "pod_name",
     "replica_pod",
@@ -56,6 +58,7 @@ ALL_KINDS: tuple[JobKind, ...] = (
     EXPERIMENT,
     notebooks.NOTEBOOK,
     TRAINJOB,
+    *kserve.KINDS,
 )
 _BY_API = {
     (f"{k.group}/{version}", k.kind): k
@@ -77,6 +80,7 @@ CONTROLLER_LABELS = frozenset(
         katib.TRIAL_LABEL,
         *notebooks.LABELS,
         *trainer.JOBSET_LABELS,
+        *kserve.CONTROLLER_LABELS,
     }
 )
 
@@ -135,6 +139,11 @@ def distinct_indices(job: Mapping[str, Any], replica: ReplicaTemplate) -> tuple[
         return (0,)
     first, second = (controller_labels(job, replica.name, i).get(JOB_ROLE_LABEL) for i in (0, 1))
     return (0,) if first == second else (0, 1)
+
+
+def kept_as_written(job: Mapping[str, Any]) -> str | None:
+    """Why the job cannot carry what its pods will get (it is judged, and kept as written)."""
+    return _kind(job).kept_as_written(job)
 
 
 def pod_name(job: Mapping[str, Any], replica: str, index: int = 0) -> str:

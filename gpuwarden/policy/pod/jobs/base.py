@@ -11,7 +11,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 
 class JobShapeError(ValueError):
@@ -36,6 +36,11 @@ class ReplicaTemplate:
     #: the part of the pod the object foretells, and the mutation carries back that container's
     #: resources only; the pod webhook makes the rest of its changes on the pod.
     resources_of: str | None = None
+    #: Where the pod's fields sit in the job when ``template`` is not a pod template held at
+    #: ``path`` but built from the job's own fields (a KServe component): pairs of a JSON
+    #: pointer into the pod and the pointer of its twin in the job, the longest pod prefix
+    #: winning. A pod field under none has no twin; empty: the template at ``path``.
+    twins: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -46,14 +51,19 @@ class TemplateSite:
     map of replica specs that each hold one at ``.template``; with ``resources``, a container's
     resource requirements (a TrainJob's resourcesPerNode). ``when`` lists fields (paths from
     the root) that must hold the given string for the site to count (an Experiment's trialSpec
-    must be of the kind the site is for). ``metadata``, where set, is the path of the metadata
-    the pods get in place of the template's (a Notebook's own)."""
+    must be of the kind the site is for). Other shapes than a pod template are described by
+    ``shape``."""
 
     path: tuple[str, ...]
     per_replica: bool = False
     when: tuple[tuple[tuple[str, ...], str], ...] = ()
-    metadata: tuple[str, ...] | None = None
-    resources: bool = False
+    #: What ``path`` names: a pod template (``metadata`` and ``spec``), a PodSpec (a KServe
+    #: component), one container (KServe's model shorthand), or one container's resource
+    #: requirements (a TrainJob's resourcesPerNode).
+    shape: Literal["template", "podSpec", "container", "resources"] = "template"
+    #: Where the pods' labels and annotations are kept in the object when not in the template
+    #: (a Notebook's own metadata, a KServe component's): empty, the template's.
+    meta: tuple[str, ...] = ()
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
@@ -124,3 +134,8 @@ class JobKind(ABC):
         """Whether the pods of ``job`` are named by generateName (an Experiment's depend on its
         trial's kind)."""
         return self.generate_name
+
+    def kept_as_written(self, job: Mapping[str, Any]) -> str | None:
+        """Why this object cannot carry what its pods will get (it is then judged but kept as
+        written, as under a tenant's ``jobTemplates: keep``), or None: it can."""
+        return None

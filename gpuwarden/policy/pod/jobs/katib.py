@@ -123,14 +123,14 @@ class ExperimentKind(JobKind):
     def sites(self) -> tuple[TemplateSite, ...]:
         """Each trial kind's sites under the trialSpec, guarded by the trialSpec's kind."""
         return tuple(
-            TemplateSite(
-                (*_TRIAL_SPEC, *site.path),
-                per_replica=site.per_replica,
+            replace(
+                site,
+                path=(*_TRIAL_SPEC, *site.path),
                 when=(
                     ((*_TRIAL_SPEC, "kind"), kind.kind),
                     *(((*_TRIAL_SPEC, *path), value) for path, value in site.when),
                 ),
-                resources=site.resources,
+                meta=(*_TRIAL_SPEC, *site.meta) if site.meta else (),
             )
             for kind in TRIAL_KINDS.values()
             for site in kind.sites

@@ -94,7 +94,7 @@ class NotebookKind(JobKind):
 
     @property
     def sites(self) -> tuple[TemplateSite, ...]:
-        return (TemplateSite(_TEMPLATE, metadata=("metadata",)),)
+        return (TemplateSite(_TEMPLATE, meta=("metadata",)),)
 
     def templates(self, job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
         spec = job.get("spec")

@@ -92,7 +92,7 @@ class TrainJobKind(JobKind):
 
     @property
     def sites(self) -> tuple[TemplateSite, ...]:
-        return (TemplateSite(_RESOURCES, resources=True),)
+        return (TemplateSite(_RESOURCES, shape="resources"),)
 
     def templates(self, job: Mapping[str, Any]) -> tuple[ReplicaTemplate, ...]:
         spec = job.get("spec")
