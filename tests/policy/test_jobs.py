@@ -715,7 +715,8 @@ def test_a_trainjob_carries_the_node_resources_and_leaves_the_rest_to_the_pod_we
     and ends as the pod of the job as written would."""
     job = trainjob()
     (replica,) = jobs.replica_templates(job)
-    assert (replica.name, replica.replicas, replica.resources_of) == ("node", 2, "node")
+    assert (replica.name, replica.replicas) == ("node", 2)
+    assert replica.twins == (("/spec/containers/0/resources", "/spec/trainer/resourcesPerNode"),)
     pod = jobs.replica_pod(job, replica, "tenant-a")
     assert pod["metadata"]["generateName"] == "llama-sft-node-0-0-"
     assert pod["metadata"]["labels"]["jobset.sigs.k8s.io/replicatedjob-name"] == "node"
@@ -723,11 +724,13 @@ def test_a_trainjob_carries_the_node_resources_and_leaves_the_rest_to_the_pod_we
     assert pod["metadata"]["labels"]["job-name"] == "llama-sft-node-0"
     result = admit_job(create(job), default_policies, cluster)
     assert result.allowed and result.mutation.rule == "rule/trainer-nodes"
-    assert {op["path"] for op in result.mutation.patch} == {"/spec/trainer/resourcesPerNode"}
+    assert [op["path"] for op in result.mutation.patch] == [
+        "/spec/trainer/resourcesPerNode/requests"
+    ]
     assert (
-        "gpuwarden: node: the TrainJob holds only its node container's resources; the rest is "
-        "the pod webhook's, on each pod"
-    ) in result.mutation.warnings
+        "gpuwarden: node: each pod gets these when it is created, as no field of the TrainJob "
+        "holds them: /spec/schedulerName"
+    ) in "".join(result.mutation.warnings)
     mutated = jsonpatch.apply_patch(copy.deepcopy(job), list(result.mutation.patch))
     assert mutated == result.pod
     resources = mutated["spec"]["trainer"]["resourcesPerNode"]
@@ -833,9 +836,13 @@ def test_an_experiment_of_trainjob_trials_is_judged_by_resources_per_node(
     assert job_needs_review(exp)
     result = admit_job(create(exp), default_policies, cluster)
     assert result.allowed
-    assert {op["path"] for op in result.mutation.patch} == {
-        "/spec/trialTemplate/trialSpec/spec/trainer/resourcesPerNode"
-    }
+    paths = [op["path"] for op in result.mutation.patch]
+    assert paths and all(
+        p.startswith("/spec/trialTemplate/trialSpec/spec/trainer/resourcesPerNode/") for p in paths
+    )
+    mutated = jsonpatch.apply_patch(copy.deepcopy(exp), list(result.mutation.patch))
+    node = mutated["spec"]["trialTemplate"]["trialSpec"]["spec"]["trainer"]["resourcesPerNode"]
+    assert "volcano.sh/vgpu-number" in node["limits"]
 
 
 @pytest.mark.parametrize("policy_set", sorted(POLICY_SETS))

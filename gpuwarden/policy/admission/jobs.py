@@ -122,35 +122,6 @@ def _at_pointer(document: Mapping[str, Any], where: str) -> Any:
     return node
 
 
-def resources_patch(replica: ReplicaTemplate, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """For an object that holds one container's resources (``replica.resources_of``): those
-    resources as the mutated ``pod`` has them, where they changed. The rest of the pod's patch
-    has no place in the object and is left to the pod webhook."""
-
-    def resources_in(template: Mapping[str, Any]) -> Any:
-        spec = template.get("spec")
-        items = spec.get("containers") if isinstance(spec, Mapping) else None
-        for container in items if isinstance(items, list) else ():
-            if isinstance(container, Mapping) and container.get("name") == replica.resources_of:
-                return container.get("resources")
-        return None
-
-    after = resources_in(pod)
-    if not isinstance(after, Mapping) or after == resources_in(replica.template):
-        return []
-    return [{"op": "replace", "path": pointer(list(replica.path)), "value": after}]
-
-
-def replica_patch(replica: ReplicaTemplate, admission: Admission) -> list[dict[str, Any]]:
-    """What the job's patch does for one replica: the pod's patch moved under its template, or,
-    where the job holds only a container's resources, those."""
-    if replica.resources_of is not None:
-        return resources_patch(replica, admission.pod)
-    return template_patch(
-        replica.template, replica.path, admission.mutation.patch, replica.metadata_path
-    )
-
-
 def _own(pod_patch: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """A pod's patch less what touches the fields its controller writes."""
     return [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
@@ -245,15 +216,9 @@ def admit_job(
         replicas.append(ReplicaAdmission(replica, pod, admission))
         notes += [_replica_line(replica.name, line) for line in admission.warnings]
         if not keep and not replica.twins:
-            patch += replica_patch(replica, admission)
-            if replica.resources_of is not None and admission.mutation.patch:
-                notes.append(
-                    warning(
-                        f"{_PREFIX}{replica.name}: the {kind} holds only its "
-                        f"{replica.resources_of} container's resources; the rest is the pod "
-                        "webhook's, on each pod"
-                    )
-                )
+            patch += template_patch(
+                replica.template, replica.path, admission.mutation.patch, replica.metadata_path
+            )
         for index in jobs.distinct_indices(job, replica)[1:]:
             # The pods after the first lack its master role: where the policy tells them apart,
             # they are judged too, and the template can carry only the first one's changes.
@@ -283,9 +248,8 @@ def admit_job(
             if lost:
                 notes.append(
                     warning(
-                        f"{_PREFIX}{r.replica.name}: {', '.join(lost)} of its pods not written "
-                        f"to the {kind} (no field of it holds them); each pod gets them when "
-                        "it is created"
+                        f"{_PREFIX}{r.replica.name}: each pod gets these when it is created, "
+                        f"as no field of the {kind} holds them: {', '.join(lost)}"
                     )
                 )
     decisions = [r.admission.mutation for r in replicas]

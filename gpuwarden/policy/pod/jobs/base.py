@@ -31,11 +31,6 @@ class ReplicaTemplate:
     #: controller copies the Notebook's own labels and annotations): the template's
     #: ``metadata`` then stands for it, and its patch goes there.
     metadata_path: tuple[str, ...] | None = None
-    #: Set where the object holds one container's resources rather than a pod template (a
-    #: TrainJob's ``resourcesPerNode``, at ``path``): that container's name. ``template`` is then
-    #: the part of the pod the object foretells, and the mutation carries back that container's
-    #: resources only; the pod webhook makes the rest of its changes on the pod.
-    resources_of: str | None = None
     #: Where the pod's fields sit in the job when ``template`` is not a pod template held at
     #: ``path`` but built from the job's own fields (a KServe component): pairs of a JSON
     #: pointer into the pod and the pointer of its twin in the job, the longest pod prefix

@@ -54,6 +54,7 @@ EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 TRIAL_STAND_IN = "{experiment}-trial"
 _TRIAL_PARAMETER = "${trialParameters."
 _TRIAL_SPEC = ("spec", "trialTemplate", "trialSpec")
+_TRIAL_SPEC_POINTER = "/" + "/".join(_TRIAL_SPEC)
 #: The kinds of trialSpec judged at submit, by apiVersion and kind.
 TRIAL_KINDS: Mapping[tuple[str, str], JobKind] = {
     (k.api_version, k.kind): k for k in (batch.BATCH_JOB, *trainingoperator.KINDS, trainer.TRAINJOB)
@@ -159,6 +160,7 @@ class ExperimentKind(JobKind):
                 r,
                 name="Trial" if kind is batch.BATCH_JOB else r.name,
                 path=(*_TRIAL_SPEC, *r.path),
+                twins=tuple((pod, _TRIAL_SPEC_POINTER + at) for pod, at in r.twins),
             )
             for r in replicas
         )

@@ -127,7 +127,9 @@ class TrainJobKind(JobKind):
                 {"spec": {"containers": [container]}},
                 None,
                 whole_number(trainer.get("numNodes", 1)),
-                resources_of=TRAINER_NODE,
+                # Only the node container's resources have a twin in the TrainJob; the rest of
+                # what the pod webhook does is done on each pod.
+                twins=(("/spec/containers/0/resources", "/" + "/".join(_RESOURCES)),),
             ),
         )
 
