@@ -87,6 +87,13 @@ def _fill_options(parser: argparse.ArgumentParser) -> None:
         "removed, with --seed), each scheduled once by kube-scheduler's default profile and "
         "by gpuwarden-binpack; prints the GPU allocation ratio of each",
     )
+    parser.add_argument(
+        "--fill-order",
+        choices=("shuffled", "trace"),
+        default="shuffled",
+        help="--fill: the trace's pods shuffled with --seed, as FGD's published runs (default), "
+        "or in trace order",
+    )
 
 
 def _trace_options(parser: argparse.ArgumentParser) -> None:
@@ -514,7 +521,9 @@ def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
     rows, _ = _trace(args)
     layout = _layout(args)
     try:
-        pods = fill_pods(rows, layout.physical_gpus, args.fill, args.seed)
+        pods = fill_pods(
+            rows, layout.physical_gpus, args.fill, args.seed, shuffle=args.fill_order == "shuffled"
+        )
     except ValueError as exc:
         raise InputError(f"--fill: {exc}") from None
     mps = args.mps_nodes

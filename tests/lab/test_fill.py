@@ -49,7 +49,7 @@ def test_a_trace_row_becomes_a_share_of_a_gpu_or_whole_gpus() -> None:
 
 def test_fill_appends_random_copies_until_the_next_would_pass_the_target() -> None:
     rows = [_row(1, 1.0), _row(2, 0.5)]
-    pods = fill_pods(rows, capacity_gpus=4, target=1.3, seed=7)
+    pods = fill_pods(rows, capacity_gpus=4, target=1.3, seed=7, shuffle=False)
     # 130% of 4 GPUs: 5.2 GPUs; the trace's own pods first, in order, then the copies.
     assert [p.name for p in pods[:2]] == ["pod-1", "pod-2"]
     copies = pods[2:]
@@ -58,12 +58,17 @@ def test_fill_appends_random_copies_until_the_next_would_pass_the_target() -> No
     assert asked <= 5200
     # The draw that ended it would have passed 5.2: at most 1 GPU (the largest pod) was left.
     assert asked > 5200 - 1000
-    assert pods == fill_pods(rows, capacity_gpus=4, target=1.3, seed=7)
+    assert pods == fill_pods(rows, capacity_gpus=4, target=1.3, seed=7, shuffle=False)
+    # FGD's published runs shuffle the trace's pods first; the copies still come last.
+    shuffled = fill_pods([_row(i, 0.1) for i in range(1, 21)], 4, 1.3, seed=1)
+    firsts = [p.name for p in shuffled[:20]]
+    assert sorted(firsts) == sorted(f"pod-{i}" for i in range(1, 21))
+    assert firsts != [f"pod-{i}" for i in range(1, 21)]
 
 
 def test_fill_removes_random_pods_when_the_trace_asks_more_than_the_target() -> None:
     rows = [_row(i, 1.0) for i in range(1, 11)]  # 10 GPUs asked
-    pods = fill_pods(rows, capacity_gpus=4, target=1.3, seed=0)
+    pods = fill_pods(rows, capacity_gpus=4, target=1.3, seed=0, shuffle=False)
     assert len(pods) == 5  # 5 GPUs <= 5.2, the trace's order kept
     names = [p.name for p in pods]
     assert names == sorted(names, key=lambda n: int(n.split("-")[1]))

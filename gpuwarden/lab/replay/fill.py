@@ -8,7 +8,10 @@ after ``TunePodsByNodeTotalResource`` in ``pkg/simulator/simulator.go``; ratio 1
 ``experiments/run_scripts/generate_run_scripts.py``): the trace's pods in creation order, then,
 while their GPU requests add up to less than the target, copies of pods drawn at random from the
 trace (``<name>-tuned-<i>``) appended until the next one would pass it, or, when they add up to
-more, pods drawn at random removed until they do not. Each pod is scheduled once, in that order;
+more, pods drawn at random removed until they do not. The published runs shuffle the trace's
+pods first (``--shuffle-pod=true`` in ``generate_run_scripts.py``, ``SortClusterPods``), ten
+seeds from 42; their allocation ratios are column ``130`` of
+``experiments/analysis/expected_results/analysis_allo_discrete.csv``. Each pod is scheduled once, in that order;
 one that finds no node is left unscheduled and the next one comes (nothing leaves, so it could
 never fit later). The allocation ratio is the GPU share the placed pods asked (``gpu_milli`` of a
 shared pod) over the cluster's GPUs (``utils.ReportNodeAllocationRate``, its ``MilliGpu`` line).
@@ -85,12 +88,18 @@ def fill_pod(row: TraceRow) -> FillPod:
 
 
 def fill_pods(
-    rows: Sequence[TraceRow], capacity_gpus: int, target: float, seed: int
+    rows: Sequence[TraceRow],
+    capacity_gpus: int,
+    target: float,
+    seed: int,
+    *,
+    shuffle: bool = True,
 ) -> list[FillPod]:
-    """The pods that arrive, in order: the rows' pods, then random copies appended while the
-    next keeps the GPUs asked at or under ``target`` x ``capacity_gpus``, or random pods removed
-    until they are (FGD's tuning, ``random.Random(seed)``). ValueError for no rows, no
-    capacity or a target not above 0."""
+    """The pods that arrive, in order: the rows' pods (``shuffle``: sorted by name, then
+    shuffled, as FGD's published runs do; else in trace order), then random copies appended
+    while the next keeps the GPUs asked at or under ``target`` x ``capacity_gpus``, or random
+    pods removed until they are (FGD's tuning); every draw from ``random.Random(seed)``.
+    ValueError for no rows, no capacity or a target not above 0."""
     if not rows:
         raise ValueError("no pod to fill the cluster with")
     if capacity_gpus <= 0 or not target > 0 or not math.isfinite(target):
@@ -99,6 +108,9 @@ def fill_pods(
     goal = target * capacity_gpus * MILLI
     rng = random.Random(seed)
     pods = list(originals)
+    if shuffle:
+        pods.sort(key=lambda p: p.name)
+        rng.shuffle(pods)
     asked = sum(p.milli for p in pods)
     while asked > goal:
         asked -= pods.pop(rng.randrange(len(pods))).milli
