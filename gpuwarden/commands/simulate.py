@@ -557,6 +557,8 @@ def _run_fill(args: argparse.Namespace) -> int:
         return _lab_failed(exc)
     summary = {
         "target": args.fill,
+        "order": args.fill_order,
+        "seed": args.seed,
         "capacityGpus": layout.physical_gpus,
         "nodes": layout.node_count,
         "mpsNodes": layout.mps_nodes,
