@@ -311,7 +311,7 @@ def fill_table(
     shared = sum(1 for p in pods if p.shared)
     lines = [
         f"fill to {target:.0%} of {capacity_gpus:,} GPUs on {nodes:,} nodes: {len(pods):,} pods "
-        f"({shared:,} shared) asking {asked:,.1f} GPUs; {mps_nodes} MPS nodes "
+        f"({shared:,} shared) asking {asked:,.1f} GPUs; {mps_nodes:,} MPS nodes "
         f"({mps_gpus:,} GPUs, {replicas} slices each)",
         "",
         "| scheduler profile | placed | failed | allocation ratio (share asked) "
