@@ -137,7 +137,7 @@ def size_mps_nodes(
         # gpushare100 list on 1,213 nodes queued its trials on 1 MPS node beside idle ones).
         return MpsSizing(
             len(node_gpus),
-            f"MPS nodes: all {len(node_gpus)}, {total} GPUs (no pod asks whole GPUs; {asked})",
+            f"MPS nodes: all {len(node_gpus):,}, {total:,} GPUs (no pod asks whole GPUs; {asked})",
         )
     # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
     allowed = [
