@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import urllib3
@@ -46,6 +47,17 @@ from gpuwarden.lab.planning.strategies import (
     strategy_from_paths,
     without_idle_rules,
 )
+from gpuwarden.lab.replay.fill import (
+    FGD_TARGET,
+    FILL_SCHEDULERS,
+    FillPod,
+    FillRun,
+    fill_json,
+    fill_mps_nodes,
+    fill_pods,
+    fill_table,
+    run_fill,
+)
 from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.reporting.report import table
 from gpuwarden.policy import PolicyError
@@ -63,6 +75,27 @@ def register(parser: argparse.ArgumentParser) -> None:
     _strategy_options(parser)
     _lab_options(parser)
     _output_options(parser)
+    _fill_options(parser)
+
+
+def _fill_options(parser: argparse.ArgumentParser) -> None:
+    """The fill experiment (FGD's allocation ratio) instead of the replay."""
+    parser.add_argument(
+        "--fill",
+        type=float,
+        metavar="RATIO",
+        help="instead of the replay: pods arrive in trace order and never leave until they ask "
+        f"RATIO of the GPUs (FGD's experiment: {FGD_TARGET}; random trace pods added, or "
+        "removed, with --seed), each scheduled once by kube-scheduler's default profile and "
+        "by gpuwarden-binpack; prints the GPU allocation ratio of each",
+    )
+    parser.add_argument(
+        "--fill-order",
+        choices=("shuffled", "trace"),
+        default="shuffled",
+        help="--fill: the trace's pods shuffled with --seed, as FGD's published runs (default), "
+        "or in trace order",
+    )
 
 
 def _trace_options(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +112,13 @@ def _trace_options(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="the Alibaba trace's node list (openb_node_list_gpu_node.csv): the lab's GPU "
         "nodes instead of --nodes x --gpus-per-node",
+    )
+    parser.add_argument(
+        "--node-sample",
+        type=int,
+        metavar="N",
+        help="with --node-list: N of its GPU nodes, drawn with --seed (a few real nodes of "
+        "mixed models, so that the trace's arrivals contend)",
     )
     parser.add_argument(
         "--qos",
@@ -99,7 +139,11 @@ def _trace_options(parser: argparse.ArgumentParser) -> None:
         "--sample", type=int, metavar="N", help="Alibaba traces: replay N of the GPU pods"
     )
     parser.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="the --sample draw (default 0)"
+        "--seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the --sample, --node-sample and --fill draws (default 0)",
     )
     parser.add_argument("--trace-format", choices=("yaml", "csv"), help="default: by extension")
 
@@ -276,6 +320,8 @@ def _layout(args: argparse.Namespace) -> Layout:
     if min(args.nodes, args.gpus_per_node, args.mps_replicas) < 1:
         raise InputError("--nodes, --gpus-per-node and --mps-replicas must be 1 or more")
     pools: tuple[GpuNodePool, ...] = ()
+    if args.node_sample is not None and args.node_sample < 1:
+        raise InputError("--node-sample must be 1 or more")
     if args.node_list:
         text = _read(args.node_list)
         if not is_alibaba_nodes(text):
@@ -283,7 +329,11 @@ def _layout(args: argparse.Namespace) -> Layout:
                 f"{args.node_list}: not an Alibaba node list (its header is not "
                 f"{','.join(NODE_HEADER)})"
             )
-        pools = tuple(parse_alibaba_nodes(text, args.node_list))
+        pools = tuple(
+            parse_alibaba_nodes(text, args.node_list, sample=args.node_sample, seed=args.seed)
+        )
+    elif args.node_sample is not None:
+        raise InputError("--node-sample: only with --node-list")
     return Layout(
         args.nodes, args.gpus_per_node, args.mps_nodes, args.mps_replicas, node_pools=pools
     )
@@ -402,8 +452,31 @@ def interruptible() -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+_LAB_ERRORS = (
+    ToolsMissingError,
+    ControlPlaneError,
+    ApiException,
+    urllib3.exceptions.HTTPError,
+    OSError,
+)
+
+
+def _lab_failed(exc: BaseException) -> int:
+    """Say why the lab failed; the exit status."""
+    if isinstance(exc, ToolsMissingError):
+        eprint(f"error: {exc}")
+        return EXIT_USAGE
+    if isinstance(exc, ControlPlaneError):
+        eprint(f"error: the lab did not come up: {exc}")
+        return EXIT_FAILED
+    eprint(f"error: the lab's API server failed a request: {exc}")
+    return EXIT_FAILED
+
+
 def run(args: argparse.Namespace) -> int:
     interruptible()
+    if args.fill is not None:
+        return _run_fill(args)
     try:
         plan = _plan(args)
     except (InputError, TraceError) as exc:
@@ -418,15 +491,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         tools = Tools.load()
         reports = simulate.run(plan, tools, progress=sys.stderr)
-    except ToolsMissingError as exc:
-        eprint(f"error: {exc}")
-        return EXIT_USAGE
-    except ControlPlaneError as exc:
-        eprint(f"error: the lab did not come up: {exc}")
-        return EXIT_FAILED
-    except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
-        eprint(f"error: the lab's API server failed a request: {exc}")
-        return EXIT_FAILED
+    except _LAB_ERRORS as exc:
+        return _lab_failed(exc)
     load = simulate.plan_load(plan)
     if args.output == "json":
         body = {
@@ -451,4 +517,85 @@ def run(args: argparse.Namespace) -> int:
             eprint(f"error: {exc}")
             return EXIT_USAGE
         eprint(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+# -- the fill experiment ------------------------------------------------------------------------
+
+
+def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
+    """The pods that arrive and the layout with its MPS nodes resolved."""
+    given = [
+        flag for flag, value in (("--only", args.only), ("--policies", args.policies)) if value
+    ]
+    if given:
+        raise InputError(
+            f"{', '.join(given)}: --fill compares kube-scheduler profiles "
+            f"({', '.join(FILL_SCHEDULERS)}), not policies"
+        )
+    if not args.fill > 0 or args.fill > 100:
+        raise InputError(f"--fill {args.fill}: a share of the GPUs above 0 (1.3 is 130%)")
+    rows, _ = _trace(args)
+    layout = _layout(args)
+    try:
+        pods = fill_pods(
+            rows, layout.physical_gpus, args.fill, args.seed, shuffle=args.fill_order == "shuffled"
+        )
+    except ValueError as exc:
+        raise InputError(f"--fill: {exc}") from None
+    mps = args.mps_nodes
+    if mps is None:
+        mps = fill_mps_nodes(layout.mps_candidates, pods, args.mps_replicas)
+    return pods, replace(layout, mps_nodes=mps)
+
+
+def _run_fill(args: argparse.Namespace) -> int:
+    try:
+        pods, layout = _fill_plan(args)
+    except (InputError, TraceError) as exc:
+        eprint(f"error: {exc}")
+        return EXIT_USAGE
+    pools = layout.pools(shares=True)
+    runs: list[FillRun] = []
+
+    def progress(done: int, total: int) -> None:
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r{done:,} of {total:,} pods")
+            sys.stderr.flush()
+
+    try:
+        tools = Tools.load()
+        for scheduler in FILL_SCHEDULERS:
+            eprint(f"{scheduler}: {len(pods):,} pods on {layout.node_count:,} nodes")
+            runs.append(run_fill(pods, pools, scheduler, tools, args.mps_replicas, progress))
+            if sys.stderr.isatty():
+                sys.stderr.write("\n")
+    except _LAB_ERRORS as exc:
+        return _lab_failed(exc)
+    summary = {
+        "target": args.fill,
+        "order": args.fill_order,
+        "seed": args.seed,
+        "capacityGpus": layout.physical_gpus,
+        "nodes": layout.node_count,
+        "mpsNodes": layout.mps_nodes,
+        "mpsGpus": layout.mps_gpus(shares=True),
+        "mpsReplicas": args.mps_replicas,
+        "pods": len(pods),
+        "sharedPods": sum(1 for p in pods if p.shared),
+    }
+    if args.output == "json":
+        sys.stdout.write(json.dumps(fill_json(runs, summary), indent=2) + "\n")
+    else:
+        text = fill_table(
+            runs,
+            capacity_gpus=layout.physical_gpus,
+            nodes=layout.node_count,
+            mps_nodes=layout.mps_nodes or 0,
+            mps_gpus=layout.mps_gpus(shares=True),
+            replicas=args.mps_replicas,
+            pods=pods,
+            target=args.fill,
+        )
+        sys.stdout.write(text + "\n")
     return EXIT_OK

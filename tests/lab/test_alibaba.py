@@ -361,6 +361,31 @@ def test_gpu_nodes_become_pools_of_identical_nodes() -> None:
     assert pools[3].node_names == ["t4-2-0", "t4-2-1"]
 
 
+def test_a_node_sample_keeps_n_gpu_nodes_drawn_with_the_seed() -> None:
+    # 8 GPU nodes (demo-node-02 has none and is never drawn): seed 3 draws a G2 and a T4 node.
+    pools = parse_alibaba_nodes(NODES, "nodes.csv", sample=2, seed=3)
+    assert [(p.name, p.count, p.gpus_per_node) for p in pools] == [("g2-8", 1, 8), ("t4-2", 1, 2)]
+    assert pools == parse_alibaba_nodes(NODES, "nodes.csv", sample=2, seed=3)
+    every = parse_alibaba_nodes(NODES, "nodes.csv", sample=8, seed=5)
+    assert every == parse_alibaba_nodes(NODES, "nodes.csv")
+    sizes = {
+        sum(p.count for p in parse_alibaba_nodes(NODES, "n", sample=3, seed=s)) for s in range(5)
+    }
+    assert sizes == {3}
+
+
+@pytest.mark.parametrize(
+    ("sample", "message"),
+    [
+        (0, "nodes.csv: node sample 0: keep 1 node or more"),
+        (9, "nodes.csv: node sample 9: the list has only 8 GPU nodes"),
+    ],
+)
+def test_a_node_sample_larger_than_the_list_or_empty_is_refused(sample: int, message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        parse_alibaba_nodes(NODES, "nodes.csv", sample=sample)
+
+
 def test_every_known_model_has_a_product_and_its_memory() -> None:
     text = _nodes(*(f"n-{i},1000,1024,1,{model}" for i, model in enumerate(MODEL_PRODUCTS)))
     pools = parse_alibaba_nodes(text, "nodes.csv")

@@ -20,12 +20,14 @@ NONE = WholeDemand(0, 0, 0.0)
 
 
 def test_mixed_node_sizes_are_counted_by_their_own_gpus() -> None:
-    # 25 slices at 4 per GPU need 7 GPUs: on 2-GPU nodes that is 4 nodes, not one "8-GPU node".
-    sized = size_mps_nodes([2] * 10 + [8] * 3, 25, NONE, 4)
+    # 25 slices at 4 per GPU need 7 GPUs: on 2-GPU nodes that is 4 nodes, not one "8-GPU node"
+    # (one whole GPU asked too: else every node would share, see the next test).
+    one = WholeDemand(1, 1, 1.0)
+    sized = size_mps_nodes([2] * 10 + [8] * 3, 25, one, 4)
     assert sized.nodes == 4
-    assert "4 of 13, 8 GPUs (at most 25 slices asked at once, 4 per GPU)" in sized.note
+    assert "4 of 13, 8 GPUs (at most 25 slices asked at once, 4 per GPU;" in sized.note
     # Node sizes in the order they become MPS nodes: 4 + 2 + 8 GPUs hold 14 * 4 >= 50 slices.
-    assert size_mps_nodes([4, 2, 8, 8], 50, NONE, 4).nodes == 3
+    assert size_mps_nodes([4, 2, 8, 8], 50, one, 4).nodes == 3
     assert size_mps_nodes([8, 8], 0, NONE, 4).nodes == 0
 
 
@@ -74,9 +76,9 @@ def _trial(row: int, at: float) -> TraceRow:
 
 def test_the_default_policy_on_a_mixed_node_list_sizes_by_the_nodes_it_picks() -> None:
     # 48 one-GPU Katib trials at once, shared 4 to a GPU by the default policy: 48 slices, 12
-    # GPUs. The most numerous pool (first to become MPS nodes) has 2-GPU nodes, then 8-GPU
-    # ones: 2 + 2 + 2 + 8 GPUs hold them, 4 of the 5 nodes (counting every node as a 2-GPU
-    # node would make all 5 MPS nodes).
+    # GPUs; 2 + 2 + 2 + 8 GPUs would hold them. No pod asks whole GPUs, so every node shares:
+    # a node left whole would serve no one (issue 33: Alibaba's gpushare100 list, every GPU pod
+    # a share, queued its Katib trials on 1 MPS node of 1,213 for hours).
     strategy = next(
         s for s in builtin_strategies(REPO_ROOT / "policies") if s.name == "default-policy"
     )
@@ -86,10 +88,10 @@ def test_the_default_policy_on_a_mixed_node_list_sizes_by_the_nodes_it_picks() -
     assert layout.mps_candidates == [2, 2, 2, 8, 8]
     rows = [_trial(i, 0.0) for i in range(1, 49)]
     plan = plan_strategy(strategy, layout, rows, default_namespaces())
-    assert plan.layout.mps_nodes == 4, plan.notes
+    assert plan.layout.mps_nodes == 5, plan.notes
     assert plan.notes == (
-        "MPS nodes sized to its shared demand: 4 of 5, 14 GPUs (at most 48 slices asked at "
-        "once, 4 per GPU)",
+        "MPS nodes: all 5, 22 GPUs (no pod asks whole GPUs; at most 48 slices asked at once, "
+        "4 per GPU)",
     )
 
 

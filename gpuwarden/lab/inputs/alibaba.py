@@ -50,7 +50,8 @@ How pods become :class:`TraceRow` values (every default):
   Rows come back by arrival (then row). No GPU pod left is an error.
 
 How nodes become :class:`GpuNodePool` values: GPU nodes only (``gpu`` 0 skipped; a list
-without any is an error), one pool per (model, GPUs per node) named like ``v100m16-8`` (``-2``,
+without any is an error; ``sample=N`` keeps N of them, chosen with ``random.Random(seed)``, so
+that a few real nodes of mixed models make the trace's arrivals contend), one pool per (model, GPUs per node) named like ``v100m16-8`` (``-2``,
 ``-3`` ... added should two names collide), sorted by name, with one replica per GPU (no MPS)
 and the model's GFD product name and memory (``nvidia.com/gpu.memory``, MiB) from
 :data:`MODEL_PRODUCTS`:
@@ -455,11 +456,33 @@ def _row(pod: _Pod, start: float, trace_end: float, gpu_memory_mib: int | None) 
 # -- nodes ------------------------------------------------------------------------------------
 
 
-def parse_alibaba_nodes(text: str, source: str) -> list[GpuNodePool]:
+def parse_alibaba_nodes(
+    text: str, source: str, *, sample: int | None = None, seed: int = 0
+) -> list[GpuNodePool]:
     """The GPU nodes of a cluster-trace-gpu-v2023 node list as pools of identical nodes (same
-    model and GPU count), sorted by name; nodes without GPUs are skipped. TraceError naming
-    ``source``, the row and the column, or saying there is no GPU node."""
+    model and GPU count), sorted by name; nodes without GPUs are skipped. ``sample=N`` keeps N
+    of the GPU nodes, chosen with ``random.Random(seed)`` (every row is still checked).
+    TraceError naming ``source``, the row and the column, or saying there is no GPU node."""
+    keys = _gpu_node_keys(text, source)
+    if not keys:
+        raise TraceError(f"{source}: no GPU node (every node has gpu 0)")
+    if sample is not None:
+        if sample < 1:
+            raise TraceError(f"{source}: node sample {sample}: keep 1 node or more")
+        if sample > len(keys):
+            raise TraceError(
+                f"{source}: node sample {sample}: the list has only {len(keys)} GPU nodes"
+            )
+        keys = random.Random(seed).sample(keys, sample)
     counts: dict[tuple[str, int], int] = {}
+    for key in keys:
+        counts[key] = counts.get(key, 0) + 1
+    return _node_pools(counts)
+
+
+def _gpu_node_keys(text: str, source: str) -> list[tuple[str, int]]:
+    """(model, GPUs) of each GPU node, in the list's order; TraceError naming the row."""
+    keys: list[tuple[str, int]] = []
     seen: dict[str, int] = {}
     for number, record in _records(text, source, NODE_HEADER, "node"):
         try:
@@ -483,10 +506,12 @@ def parse_alibaba_nodes(text: str, source: str) -> list[GpuNodePool]:
                 raise ValueError(f"model: {exc}") from None
         except ValueError as exc:
             raise TraceError(f"{source}: row {number}: {exc}") from None
-        key = (_MODELS_BY_UPPER.get(model.upper(), model), gpus)
-        counts[key] = counts.get(key, 0) + 1
-    if not counts:
-        raise TraceError(f"{source}: no GPU node (every node has gpu 0)")
+        keys.append((_MODELS_BY_UPPER.get(model.upper(), model), gpus))
+    return keys
+
+
+def _node_pools(counts: Mapping[tuple[str, int], int]) -> list[GpuNodePool]:
+    """One pool per (model, GPUs per node) with its node count, sorted by name."""
     pools: list[GpuNodePool] = []
     names: set[str] = set()
     for (model, gpus), count in sorted(counts.items()):

@@ -121,6 +121,7 @@ def size_mps_nodes(
       ``whole.gpu_hours``: each pool then carries the same load for its size), the MPS pool rounded to the nearest node.
     * Either way the nodes left whole hold the largest whole-GPU pod and are never none while
       whole-GPU pods exist; and anything shared gets at least one node.
+    * Where no pod asks whole GPUs, every node shares (a node left whole would serve no one).
     """
     if slices <= 0 or not node_gpus:
         return MpsSizing(0, "")
@@ -132,10 +133,11 @@ def size_mps_nodes(
     )
     asked = f"at most {slices} slices asked at once, {replicas} per GPU"
     if not whole.peak:
+        # No pod asks whole GPUs: a node left whole would serve no one (issue 33: Alibaba's
+        # gpushare100 list on 1,213 nodes queued its trials on 1 MPS node beside idle ones).
         return MpsSizing(
-            needed,
-            f"MPS nodes sized to its shared demand: {needed} of {len(node_gpus)}, "
-            f"{cumulative[needed - 1]} GPUs ({asked})",
+            len(node_gpus),
+            f"MPS nodes: all {len(node_gpus):,}, {total:,} GPUs (no pod asks whole GPUs; {asked})",
         )
     # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
     allowed = [
