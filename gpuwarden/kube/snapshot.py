@@ -14,7 +14,7 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.errors import api_error_text, transport_error_text
-from gpuwarden.policy.pod.jobs import TRAINING_OPERATOR_KINDS, JobKind
+from gpuwarden.policy.pod.jobs import ALL_KINDS, BATCH_JOB, JobKind
 
 Obj = Mapping[str, Any]
 # Objects per list call: a cluster of thousands of pods is read in pages, not one answer.
@@ -58,6 +58,16 @@ def _list_all(
             return items
 
 
+def _listed_kinds() -> list[JobKind]:
+    """The job kinds an audit lists from the cluster: every custom resource gpuwarden admits
+    (each at its first version), not batch Jobs, whose pods are audited once they exist."""
+    kinds: dict[tuple[str, str], JobKind] = {}
+    for kind in ALL_KINDS:
+        if kind is not BATCH_JOB:
+            kinds.setdefault((kind.group, kind.kind), kind)
+    return list(kinds.values())
+
+
 def read_snapshot(api: k8s_client.ApiClient) -> Snapshot:
     core = k8s_client.CoreV1Api(api)
     scheduling = k8s_client.SchedulingV1Api(api)
@@ -67,7 +77,7 @@ def read_snapshot(api: k8s_client.ApiClient) -> Snapshot:
     custom = k8s_client.CustomObjectsApi(api)
     jobs: list[Obj] = []
     left_out: list[str] = []
-    for kind in TRAINING_OPERATOR_KINDS.values():
+    for kind in _listed_kinds():
 
         def list_jobs(kind: JobKind = kind, **kwargs: Any) -> Any:
             return custom.list_cluster_custom_object(

@@ -11,9 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.cli import main
+from gpuwarden.lab.cluster.gpuwardenserver import wait_for
 from gpuwarden.lab.cluster.webhookstack import (
     WebhookStack,
     create_pod,
@@ -23,6 +25,7 @@ from gpuwarden.lab.cluster.webhookstack import (
 )
 
 from .controlplane import ControlPlane, Tools
+from .test_jobs_notebooks import GROUP, PLURAL, notebook_crd, notebook_in
 from .webhook import AuditLog, api_error
 
 SUFFIX = uuid.uuid4().hex[:8]
@@ -124,3 +127,40 @@ def test_gpuwarden_audit_reads_the_running_pods_from_the_cluster(
     assert mine["wouldDeny"]["check"] == "tenantLimits"
     # Admitted under audit with its profile, it would be changed no further.
     assert mine["wouldChange"] == []
+
+
+def test_gpuwarden_audit_reads_the_notebooks_from_the_cluster(
+    auditing: WebhookStack,
+    control_plane: ControlPlane,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A Notebook over its tenant's limit, let in under audit, is what enforcing would deny:
+    `audit --cluster` lists Notebooks as it lists the Training Operator's jobs."""
+    extensions: Any = k8s_client.ApiextensionsV1Api(auditing.api)
+    try:
+        extensions.create_custom_resource_definition(notebook_crd())
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    objects: Any = k8s_client.CustomObjectsApi(auditing.api)
+    wait_for(
+        "the Notebook CRD to be served",
+        lambda: objects.list_cluster_custom_object(GROUP, "v1", PLURAL) is not None,
+        timeout=30,
+    )
+    nb = notebook_in(AUDITED, gpus="2")
+    name = nb["metadata"]["name"]
+    objects.create_namespaced_custom_object(GROUP, "v1", AUDITED, PLURAL, nb)
+    try:
+        kubeconfig = str(control_plane.kubeconfig_path)
+        served = str(auditing.server.policies[0])
+        code = main(["audit", "-p", served, "--cluster", "--kubeconfig", kubeconfig, "-o", "json"])
+        report = json.loads(capsys.readouterr().out)
+    finally:
+        objects.delete_namespaced_custom_object(GROUP, "v1", AUDITED, PLURAL, name)
+    assert code == 1
+    (mine,) = [j for j in report["jobs"] if j["namespace"] == AUDITED and j["name"] == name]
+    assert mine["kind"] == "Notebook"
+    assert mine["verdict"] == "deny"
+    assert "Notebook: " in mine["wouldDeny"]["message"]
+    assert "tenant audited allows at most 1 per pod" in mine["wouldDeny"]["message"]
