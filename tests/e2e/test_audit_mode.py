@@ -11,11 +11,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.cli import main
-from gpuwarden.lab.cluster.gpuwardenserver import wait_for
 from gpuwarden.lab.cluster.webhookstack import (
     WebhookStack,
     create_pod,
@@ -26,7 +24,7 @@ from gpuwarden.lab.cluster.webhookstack import (
 
 from .controlplane import ControlPlane, Tools
 from .test_jobs_notebooks import GROUP, PLURAL, notebook_crd, notebook_in
-from .webhook import AuditLog, api_error
+from .webhook import AuditLog, api_error, serve_crd
 
 SUFFIX = uuid.uuid4().hex[:8]
 AUDITED = f"e2e-audit-{SUFFIX}"
@@ -136,18 +134,7 @@ def test_gpuwarden_audit_reads_the_notebooks_from_the_cluster(
 ) -> None:
     """A Notebook over its tenant's limit, let in under audit, is what enforcing would deny:
     `audit --cluster` lists Notebooks as it lists the Training Operator's jobs."""
-    extensions: Any = k8s_client.ApiextensionsV1Api(auditing.api)
-    try:
-        extensions.create_custom_resource_definition(notebook_crd())
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    objects: Any = k8s_client.CustomObjectsApi(auditing.api)
-    wait_for(
-        "the Notebook CRD to be served",
-        lambda: objects.list_cluster_custom_object(GROUP, "v1", PLURAL) is not None,
-        timeout=30,
-    )
+    objects = serve_crd(auditing.api, notebook_crd())
     nb = notebook_in(AUDITED, gpus="2")
     name = nb["metadata"]["name"]
     objects.create_namespaced_custom_object(GROUP, "v1", AUDITED, PLURAL, nb)

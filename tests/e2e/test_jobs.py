@@ -9,7 +9,6 @@ the pod webhooks unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import uuid
@@ -22,7 +21,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR, wait_for
+from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR
 from gpuwarden.lab.cluster.trainingoperator import delete_jobs
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
@@ -39,7 +38,7 @@ from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.render.scope import job_needs_review
 
 from .controlplane import REPO_ROOT
-from .webhook import api_error
+from .webhook import api_error, serve_crd
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 JOB_FILE = REPO_ROOT / "examples" / "jobs" / "pytorchjob.yaml"
@@ -96,21 +95,7 @@ def gpuwarden_policies() -> Sequence[Path]:
 @pytest.fixture(scope="module")
 def pytorchjobs(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi]:
     """The PyTorchJob CRD, established and served."""
-    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
-    crd = pytorchjob_crd()
-    try:
-        extensions.create_custom_resource_definition(crd)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    objects = k8s_client.CustomObjectsApi(gpuwarden.api)
-
-    def served() -> bool:
-        objects.list_cluster_custom_object(GROUP, VERSION, PLURAL)
-        return True
-
-    wait_for("the PyTorchJob CRD to be served", served, timeout=30)
-    yield objects
+    yield serve_crd(gpuwarden.api, pytorchjob_crd())
     delete_jobs(gpuwarden.api)
 
 
@@ -290,16 +275,7 @@ def served_crd(
     gpuwarden: WebhookStack, kind: str, plural: str, version: str, group: str = GROUP
 ) -> Any:
     """A keeping CRD of ``kind``, created once and served; the custom objects client."""
-    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
-    with contextlib.suppress(ApiException):
-        extensions.create_custom_resource_definition(keeping_crd(kind, plural, version, group))
-    objects: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
-    wait_for(
-        f"the {kind} CRD to be served",
-        lambda: objects.list_cluster_custom_object(group, version, plural) is not None,
-        timeout=30,
-    )
-    return objects
+    return serve_crd(gpuwarden.api, keeping_crd(kind, plural, version, group))
 
 
 def test_an_experiments_batch_trial_template_is_judged_at_submit(gpuwarden: WebhookStack) -> None:

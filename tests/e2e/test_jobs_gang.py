@@ -32,6 +32,7 @@ from gpuwarden.policy.pod.quantity import parse_quantity
 
 from .controlplane import REPO_ROOT, ControlPlane, Tools
 from .test_jobs import keeping_crd, predicted
+from .webhook import serve_crd
 
 GROUP, VERSION, PLURAL = "kubeflow.org", "v1", "pytorchjobs"
 VOLCANO_GROUP, VOLCANO_VERSION, PODGROUPS = "scheduling.volcano.sh", "v1beta1", "podgroups"
@@ -44,23 +45,7 @@ def gang_operator(
     """The operator's PyTorchJob controller with Volcano gang scheduling, after gpuwarden's
     webhooks and a served PodGroup CRD."""
     assert e2e_tools.training_operator is not None, "hack/build-tools.sh builds it"
-    extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
-    try:
-        extensions.create_custom_resource_definition(
-            keeping_crd("PodGroup", PODGROUPS, VOLCANO_VERSION, VOLCANO_GROUP)
-        )
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    objects: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
-    wait_for(
-        "the PodGroup CRD to be served",
-        lambda: (
-            objects.list_cluster_custom_object(VOLCANO_GROUP, VOLCANO_VERSION, PODGROUPS)
-            is not None
-        ),
-        timeout=30,
-    )
+    serve_crd(gpuwarden.api, keeping_crd("PodGroup", PODGROUPS, VOLCANO_VERSION, VOLCANO_GROUP))
     operator = TrainingOperator(
         control_plane, e2e_tools.training_operator, gang_scheduler="volcano"
     )

@@ -24,19 +24,18 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
-from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR, wait_for
+from gpuwarden.lab.cluster.gpuwardenserver import POLICIES_DIR
 from gpuwarden.lab.cluster.webhookstack import (
     KUBEFLOW_PROFILE_LABELS,
     Obj,
     WebhookStack,
     parse_warning,
 )
-from gpuwarden.policy import AdmissionRequest, ClusterView
-from gpuwarden.policy.admission.jobs import JobAdmission, admit_job
 from gpuwarden.policy.render.scope import job_needs_review
 
 from .controlplane import REPO_ROOT
-from .webhook import api_error
+from .test_jobs import predicted
+from .webhook import api_error, serve_crd
 
 GROUP = "serving.kserve.io"
 ISVC = ("v1beta1", "inferenceservices")
@@ -92,19 +91,7 @@ def kserve(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi]:
         keeping_crd("LLMInferenceService", LLMISVC[1], ("v1alpha1", "v1alpha2")),
     )
     for crd in crds:
-        try:
-            extensions.create_custom_resource_definition(crd)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    objects = k8s_client.CustomObjectsApi(gpuwarden.api)
-
-    def served() -> bool:
-        for version, plural in (ISVC, LLMISVC, ("v1alpha1", LLMISVC[1])):
-            objects.list_cluster_custom_object(GROUP, version, plural)
-        return True
-
-    wait_for("the KServe CRDs to be served", served, timeout=30)
+        objects = serve_crd(gpuwarden.api, crd)
     yield objects
     for crd in crds:
         extensions.delete_custom_resource_definition(crd["metadata"]["name"])
@@ -133,16 +120,6 @@ def create(
     )
     warnings = tuple(parse_warning(h) for h in response.headers.getlist("Warning"))
     return json.loads(response.data), warnings
-
-
-def predicted(gpuwarden: WebhookStack, obj: Obj) -> JobAdmission:
-    """What `gpuwarden apply` says of the object, with the namespace's real labels."""
-    namespace = obj["metadata"]["namespace"]
-    cluster = ClusterView(
-        namespace_labels={namespace: gpuwarden.namespace_labels(namespace)},
-        priority_classes=gpuwarden.priority_classes,
-    )
-    return admit_job(AdmissionRequest("CREATE", namespace, obj), gpuwarden.policies, cluster)
 
 
 def test_an_over_limit_isvc_is_refused_with_the_predictors_message(

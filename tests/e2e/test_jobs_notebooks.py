@@ -48,7 +48,7 @@ from gpuwarden.policy.render.scope import job_needs_review
 from .controlplane import REPO_ROOT, ControlPlane, Tools
 from .test_jobs import predicted
 from .test_jobs_operator import MUTATION_AUDIT, contained, predicted_pods
-from .webhook import AuditLog, api_error, webhook_audit
+from .webhook import AuditLog, api_error, serve_crd, webhook_audit
 
 GROUP, PLURAL = "kubeflow.org", "notebooks"
 VERSIONS = ("v1", "v1beta1", "v1alpha1")
@@ -104,20 +104,7 @@ def gpuwarden_policies() -> Sequence[Path]:
 @pytest.fixture(scope="module")
 def objects(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi]:
     """The Notebook CRD, established and served at every version."""
-    extensions: Any = k8s_client.ApiextensionsV1Api(gpuwarden.api)
-    try:
-        extensions.create_custom_resource_definition(notebook_crd())
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    api: Any = k8s_client.CustomObjectsApi(gpuwarden.api)
-
-    def served() -> bool:
-        for version in VERSIONS:
-            api.list_cluster_custom_object(GROUP, version, PLURAL)
-        return True
-
-    wait_for("the Notebook CRD to be served", served, timeout=30)
+    api = serve_crd(gpuwarden.api, notebook_crd())
     yield api
     for nb in api.list_cluster_custom_object(GROUP, "v1", PLURAL)["items"]:
         meta = nb["metadata"]

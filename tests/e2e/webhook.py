@@ -223,3 +223,26 @@ def webhook_audit(event: Mapping[str, Any], prefix: str) -> dict[str, Any]:
             except ValueError:
                 out[key.split("/", 1)[1]] = value
     return dict(sorted(out.items()))
+
+
+def serve_crd(api: k8s_client.ApiClient, crd: Mapping[str, Any]) -> Any:
+    """Create ``crd`` (one already there is kept) and wait until the API server serves each of
+    its versions; the custom objects client."""
+    extensions = k8s_client.ApiextensionsV1Api(api)
+    try:
+        extensions.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    spec = crd["spec"]
+    group, plural = spec["group"], spec["names"]["plural"]
+    versions = [v["name"] for v in spec["versions"] if v.get("served", True)]
+    objects: Any = k8s_client.CustomObjectsApi(api)
+
+    def served() -> bool:
+        for version in versions:
+            objects.list_cluster_custom_object(group, version, plural)
+        return True
+
+    wait_for(f"the {spec['names']['kind']} CRD to be served", served, timeout=30)
+    return objects
