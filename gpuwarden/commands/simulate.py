@@ -7,7 +7,8 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import urllib3
@@ -33,7 +34,12 @@ from gpuwarden.lab.inputs.alibaba import (
 )
 from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.inputs.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
-from gpuwarden.lab.planning.plan import StrategyPlan, plan_strategy
+from gpuwarden.lab.planning.plan import (
+    StrategyPlan,
+    plan_strategy,
+    split_candidates,
+    split_plan,
+)
 from gpuwarden.lab.planning.sizing import shared_slice_hours
 from gpuwarden.lab.planning.strategies import (
     KUEUE_SUFFIX,
@@ -45,7 +51,8 @@ from gpuwarden.lab.planning.strategies import (
     strategy_from_paths,
 )
 from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
-from gpuwarden.lab.reporting.report import table
+from gpuwarden.lab.reporting.report import StrategyReport, TraceLoad, table
+from gpuwarden.lab.reporting.sweep import split_figures, sweep_json, sweep_table, tenant_shares
 from gpuwarden.policy import PolicyError
 
 HELP = (
@@ -155,9 +162,18 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
         "--mps-nodes",
         type=_mps_nodes,
         default=None,
-        metavar="N|auto",
+        metavar="N|auto|sweep[:N,...]",
         help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
-        "as the strategy's shared pods ask for at most at once)",
+        "as the strategy's shared pods ask for at most at once); sweep: replay each sharing "
+        f"strategy with the {SWEEP_SIZE} counts nearest the auto estimate (sweep:N,...: these "
+        "counts) and recommend one",
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="labs replayed at once (default: every strategy at once; with --mps-nodes sweep, "
+        f"{SWEEP_PARALLEL})",
     )
     parser.add_argument(
         "--mps-replicas", type=int, default=4, metavar="N", help="MPS replicas per GPU (default 4)"
@@ -181,9 +197,24 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _mps_nodes(text: str) -> int | None:
+#: The MPS node counts `--mps-nodes sweep` replays (the auto estimate and its neighbours), and
+#: how many labs it replays at once (each lab takes most of a core).
+SWEEP_SIZE, SWEEP_PARALLEL = 3, 2
+
+
+@dataclass(frozen=True)
+class SplitSweep:
+    """`--mps-nodes sweep`: the counts to replay (empty: those nearest the auto estimate)."""
+
+    counts: tuple[int, ...] = ()
+
+
+def _mps_nodes(text: str) -> int | SplitSweep | None:
     if text.strip() == "auto":
         return None
+    word, sep, listed = text.strip().partition(":")
+    if word == "sweep":
+        return _sweep_counts(listed) if sep else SplitSweep()
     try:
         value = int(text)
     except ValueError:
@@ -191,6 +222,18 @@ def _mps_nodes(text: str) -> int | None:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more (or auto)")
     return value
+
+
+def _sweep_counts(listed: str) -> SplitSweep:
+    try:
+        counts = tuple(sorted({int(n) for n in listed.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"sweep:{listed}: write sweep:N,N,... (MPS node counts)"
+        ) from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"sweep:{listed}: each count must be 1 or more")
+    return SplitSweep(counts)
 
 
 def _read(path: str) -> str:
@@ -281,9 +324,8 @@ def _layout(args: argparse.Namespace) -> Layout:
                 f"{','.join(NODE_HEADER)})"
             )
         pools = tuple(parse_alibaba_nodes(text, args.node_list))
-    return Layout(
-        args.nodes, args.gpus_per_node, args.mps_nodes, args.mps_replicas, node_pools=pools
-    )
+    mps = None if isinstance(args.mps_nodes, SplitSweep) else args.mps_nodes
+    return Layout(args.nodes, args.gpus_per_node, mps, args.mps_replicas, node_pools=pools)
 
 
 def _strategies(
@@ -377,6 +419,73 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
 
 
+@dataclass(frozen=True)
+class Swept:
+    """A sharing strategy replayed once per MPS node count: its name, its auto estimate, and
+    each split's replayed strategy name, MPS nodes and their GPUs."""
+
+    strategy: str
+    auto: int
+    splits: tuple[tuple[str, int, int], ...]
+
+
+def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[Swept]]:
+    """The plan with each sharing strategy replaced by one per swept split (tenant-queue
+    variants keep the split their quotas were made for)."""
+    if sweep.counts and sweep.counts[-1] > plan.layout.node_count:
+        raise InputError(
+            f"--mps-nodes sweep:{','.join(map(str, sweep.counts))}: the lab has "
+            f"{plan.layout.node_count} nodes"
+        )
+    strategies: list[StrategyPlan] = []
+    swept: list[Swept] = []
+    for planned in plan.strategies:
+        if not planned.strategy.shares or planned.strategy.kueue:
+            strategies.append(planned)
+            continue
+        counts = list(sweep.counts) or split_candidates(planned, plan.rows, SWEEP_SIZE)
+        splits = [split_plan(planned, n) for n in counts]
+        strategies += splits
+        swept.append(
+            Swept(
+                planned.strategy.name,
+                planned.layout.mps_nodes or 0,
+                tuple(
+                    (p.strategy.name, n, p.layout.mps_gpus(True))
+                    for p, n in zip(splits, counts, strict=True)
+                ),
+            )
+        )
+    return replace(plan, strategies=strategies), swept
+
+
+def _replay(plan: simulate.Plan, tools: Tools, parallel: int | None) -> list[StrategyReport]:
+    """Every strategy's report, ``parallel`` labs at a time (None: all at once)."""
+    if parallel is None or parallel >= len(plan.strategies):
+        return simulate.run(plan, tools, progress=sys.stderr)
+    reports: list[StrategyReport] = []
+    for start in range(0, len(plan.strategies), parallel):
+        batch = replace(plan, strategies=plan.strategies[start : start + parallel])
+        reports += simulate.run(batch, tools, progress=sys.stderr)
+    return reports
+
+
+def _sweep_outputs(
+    swept: Sequence[Swept], reports: Sequence[StrategyReport], load: TraceLoad
+) -> tuple[list[str], list[dict[str, object]]]:
+    """Each swept strategy's table and JSON, judged against no governance where it ran."""
+    by_name = {r.strategy: r for r in reports}
+    free = by_name.get("no-governance")
+    baseline = tenant_shares(free) if free is not None else None
+    tables: list[str] = []
+    bodies: list[dict[str, object]] = []
+    for one in swept:
+        figures = [split_figures(by_name[name], n, gpus, load) for name, n, gpus in one.splits]
+        tables.append(sweep_table(one.strategy, one.auto, figures, baseline))
+        bodies.append(sweep_json(one.strategy, one.auto, figures, baseline))
+    return tables, bodies
+
+
 def interruptible() -> None:
     """Let Ctrl-C stop the replay even where SIGINT was ignored at start (``nohup``, ``&`` jobs,
     some CI runners): Python then installs no KeyboardInterrupt handler of its own. Only the
@@ -387,8 +496,14 @@ def interruptible() -> None:
 
 def run(args: argparse.Namespace) -> int:
     interruptible()
+    sweep = args.mps_nodes if isinstance(args.mps_nodes, SplitSweep) else None
+    swept: list[Swept] = []
     try:
+        if args.parallel is not None and args.parallel < 1:
+            raise InputError("--parallel must be 1 or more")
         plan = _plan(args)
+        if plan is not None and sweep is not None:
+            plan, swept = _sweep(plan, sweep)
     except (InputError, TraceError) as exc:
         eprint(f"error: {exc}")
         return EXIT_USAGE
@@ -400,7 +515,8 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     try:
         tools = Tools.load()
-        reports = simulate.run(plan, tools, progress=sys.stderr)
+        parallel = args.parallel if args.parallel or sweep is None else SWEEP_PARALLEL
+        reports = _replay(plan, tools, parallel)
     except ToolsMissingError as exc:
         eprint(f"error: {exc}")
         return EXIT_USAGE
@@ -411,6 +527,7 @@ def run(args: argparse.Namespace) -> int:
         eprint(f"error: the lab's API server failed a request: {exc}")
         return EXIT_FAILED
     load = simulate.plan_load(plan)
+    sweep_tables, sweep_bodies = _sweep_outputs(swept, reports, load)
     if args.output == "json":
         body = {
             **load.as_json(),
@@ -423,10 +540,13 @@ def run(args: argparse.Namespace) -> int:
                 "mpsReplicas": plan.layout.mps_replicas,
             },
             "strategies": [r.as_json(load) for r in reports],
+            **({"mpsSweep": sweep_bodies} if sweep is not None else {}),
         }
         sys.stdout.write(json.dumps(body, indent=2) + "\n")
     else:
         sys.stdout.write(table(reports, load) + "\n")
+        for text in sweep_tables:
+            sys.stdout.write("\n" + text + "\n")
     if args.plot:
         try:
             write_png(reports, Path(args.plot))

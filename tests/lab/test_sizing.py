@@ -11,8 +11,14 @@ from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
-from gpuwarden.lab.planning.plan import plan_strategy
-from gpuwarden.lab.planning.sizing import WholeDemand, shared_gpu_hours, size_mps_nodes
+from gpuwarden.lab.planning.plan import plan_strategy, split_candidates, split_plan
+from gpuwarden.lab.planning.sizing import (
+    WholeDemand,
+    shared_gpu_hours,
+    size_mps_nodes,
+    sweep_candidates,
+    whole_node_counts,
+)
 from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 
 HOUR = 3600.0
@@ -102,3 +108,49 @@ def test_a_capped_trial_holds_its_slice_longer_than_its_duration() -> None:
     rows = [_trial(1, 0.0)]
     plan = plan_strategy(strategy, Layout(), rows, default_namespaces())
     assert shared_gpu_hours(rows, plan.decisions, 4) == pytest.approx(3.2 / 4)
+
+
+def test_sweep_counts_leave_the_largest_whole_pod_a_node() -> None:
+    # 8 nodes of 8: an 8-GPU pod needs one node whole; with none, every node may share.
+    assert whole_node_counts([8] * 8, 8) == [1, 2, 3, 4, 5, 6, 7]
+    assert whole_node_counts([8] * 4, 0) == [1, 2, 3, 4]
+    # 2 + 4 + 8 + 2 GPUs, a pod of 8: only counts that keep the 8-GPU node whole.
+    assert whole_node_counts([2, 4, 8, 2], 8) == [1, 2]
+    # Nothing leaves it room: one node still shares (sizing never gives a sharer none).
+    assert whole_node_counts([4, 4], 8) == [1]
+    assert whole_node_counts([], 8) == []
+
+
+def test_sweep_candidates_surround_the_auto_estimate() -> None:
+    counts = [1, 2, 3, 4, 5, 6, 7]
+    assert sweep_candidates(4, counts, 3) == [3, 4, 5]
+    assert sweep_candidates(4, counts, 5) == [2, 3, 4, 5, 6]
+    # Four: the fewer nodes first where two are as near.
+    assert sweep_candidates(4, counts, 4) == [2, 3, 4, 5]
+    # At an end, the neighbours are on one side.
+    assert sweep_candidates(1, counts, 3) == [1, 2, 3]
+    assert sweep_candidates(7, counts, 3) == [5, 6, 7]
+    # Fewer counts than asked: all of them.
+    assert sweep_candidates(1, [1, 2], 5) == [1, 2]
+    assert sweep_candidates(2, [1], 3) == [1]
+
+
+def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    # 40 notebooks at once (10 shared GPUs) and an 8-GPU job.
+    rows = [
+        TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 8 * HOUR, Decimal(10 * 2**30), busy=0.1)
+        for i in range(40)
+    ] + [TraceRow(40, 0.0, "data-team", "training-job", "big", 8, 8 * HOUR, Decimal(60 * 2**30))]
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    auto = planned.layout.mps_nodes
+    assert auto is not None
+    counts = split_candidates(planned, rows, 3)
+    assert auto in counts and len(counts) == 3 and max(counts) <= 7
+    split = split_plan(planned, counts[0])
+    assert split.strategy.name == f"default-policy@{counts[0]}"
+    assert split.layout.mps_nodes == counts[0]
+    assert split.decisions is planned.decisions
+    # A strategy that shares nothing has no split to sweep.
+    free = plan_strategy(strategies["no-governance"], Layout(), rows, default_namespaces())
+    assert split_candidates(free, rows, 3) == []

@@ -19,13 +19,18 @@ from gpuwarden.lab.planning.sizing import (
     shared_demand,
     shared_gpu_hours,
     size_mps_nodes,
+    sweep_candidates,
     whole_demand,
+    whole_node_counts,
 )
 from gpuwarden.lab.planning.strategies import Layout, Strategy
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
 from gpuwarden.policy.admission.manifests import priority_class
 from gpuwarden.policy.render.objects import render
 from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
+
+#: A swept strategy's name is ``<strategy>@<MPS nodes>``.
+SPLIT_MARK = "@"
 
 
 @dataclass(frozen=True)
@@ -125,3 +130,28 @@ def plan_strategy(
     decisions = {} if policies is None else decide_rows(policies, rows, view)
     resolved, notes = resolve_layout(layout, strategy, rows, decisions)
     return StrategyPlan(strategy, resolved, tuple(notes), classes, view, decisions)
+
+
+def split_candidates(planned: StrategyPlan, rows: Sequence[TraceRow], size: int) -> list[int]:
+    """The MPS node counts a sweep of the pool split replays for a strategy whose layout was
+    sized (``--mps-nodes auto``): the ``size`` counts nearest the auto estimate that leave the
+    largest whole-GPU pod a node's worth of whole GPUs (none for a strategy that shares
+    nothing)."""
+    if not planned.strategy.shares or planned.layout.mps_nodes is None:
+        return []
+    counts = whole_node_counts(
+        planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
+    )
+    return sweep_candidates(planned.layout.mps_nodes, counts, size)
+
+
+def split_plan(planned: StrategyPlan, mps_nodes: int) -> StrategyPlan:
+    """The strategy's plan with ``mps_nodes`` MPS nodes instead of those it was sized to, named
+    ``<strategy>@<nodes>`` (its rows' decisions do not depend on the split)."""
+    auto = planned.layout.mps_nodes
+    return replace(
+        planned,
+        strategy=replace(planned.strategy, name=f"{planned.strategy.name}{SPLIT_MARK}{mps_nodes}"),
+        layout=replace(planned.layout, mps_nodes=mps_nodes),
+        notes=(f"MPS nodes: {mps_nodes}, a split of the sweep (auto: {auto})",),
+    )

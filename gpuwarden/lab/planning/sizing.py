@@ -138,9 +138,7 @@ def size_mps_nodes(
             f"{cumulative[needed - 1]} GPUs ({asked})",
         )
     # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
-    allowed = [
-        n for n in range(1, len(node_gpus)) if total - cumulative[n - 1] >= whole.largest
-    ] or [1]
+    allowed = whole_node_counts(node_gpus, whole.largest)
     fits = slices / replicas + whole.peak <= total
     if fits:
         target: float = total - whole.peak
@@ -172,3 +170,24 @@ def shared_slice_hours(
         if row.at < horizon:
             out[row.namespace] = out.get(row.namespace, 0.0) + slices * row.duration / 3600
     return out
+
+
+def whole_node_counts(node_gpus: Sequence[int], largest_whole: int) -> list[int]:
+    """The MPS node counts (the first nodes in ``node_gpus``' order) that leave at least one
+    node whole and, of the nodes left whole, GPUs enough for the largest whole-GPU pod; with
+    no whole-GPU pod (``largest_whole`` 0), every count from 1 to all of them."""
+    if not node_gpus:
+        return []
+    if not largest_whole:
+        return list(range(1, len(node_gpus) + 1))
+    total = sum(node_gpus)
+    counts = [n for n in range(1, len(node_gpus)) if total - sum(node_gpus[:n]) >= largest_whole]
+    return counts or [1]
+
+
+def sweep_candidates(auto: int, counts: Sequence[int], size: int) -> list[int]:
+    """The ``size`` MPS node counts of ``counts`` nearest ``auto`` (the auto estimate), the
+    fewer nodes first where two are as near, in increasing order: the auto estimate and its
+    neighbours on both sides, or on one side where it sits at an end."""
+    nearest = sorted(set(counts), key=lambda n: (abs(n - auto), n))
+    return sorted(nearest[: max(size, 1)])

@@ -1,0 +1,101 @@
+"""`simulate --mps-nodes sweep`'s recommendation: each split judged against the bars, the one
+that misses the fewest and delivers the most recommended (pure: no lab)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gpuwarden.lab.reporting.sweep import (
+    SplitFigures,
+    failed_bars,
+    recommend,
+    sweep_json,
+    sweep_table,
+    worst_tenant,
+)
+
+MINUTE = 60.0
+BASELINE = {"algo-team": 0.6, "data-team": 0.8}
+
+
+def _split(nodes: int, delivered: float, **changes: object) -> SplitFigures:
+    figures = SplitFigures(
+        mps_nodes=nodes,
+        mps_gpus=8 * nodes,
+        delivered=delivered,
+        work_share=delivered / 20_000,
+        busy_share=0.9,
+        lost=0.0,
+        waits={"notebook": 5 * MINUTE, "kserve-predictor": 3 * MINUTE},
+        tenants={"algo-team": 0.6, "data-team": 0.8},
+        never_placed=0,
+        refused=0,
+    )
+    return replace(figures, **changes)  # type: ignore[arg-type]
+
+
+def test_each_bar_names_the_figure_that_misses_it() -> None:
+    assert failed_bars(_split(4, 16_000), BASELINE) == []
+    missed = _split(
+        4,
+        16_000,
+        waits={"notebook": 7 * 3600.0, "kserve-predictor": 3 * MINUTE},
+        tenants={"algo-team": 0.5, "data-team": 0.8},
+        refused=2,
+        lost=200.0,
+    )
+    assert failed_bars(missed, BASELINE) == [
+        "notebook p95 7.0h",
+        "algo-team 0.83x its no-governance share",
+        "2 refused",
+        "200 GPU-h thrown away",
+    ]
+    # Without no governance beside it the tenant bar is not judged; 1% lost is still within.
+    assert failed_bars(replace(missed, refused=0, lost=160.0, waits={}), None) == []
+
+
+def test_the_worst_tenant_is_the_furthest_below_its_no_governance_share() -> None:
+    figures = _split(3, 1.0, tenants={"algo-team": 0.55, "data-team": 0.7})
+    # algo-team 0.92x, data-team 0.875x: data-team is worse off though its share is higher.
+    assert worst_tenant(figures, BASELINE) == ("data-team", 0.7, 0.7 / 0.8)
+    assert worst_tenant(figures, None) == ("algo-team", 0.55, None)
+
+
+def test_a_split_that_meets_the_bars_wins_over_one_that_delivers_more() -> None:
+    starving = _split(5, 18_000, tenants={"algo-team": 0.3, "data-team": 0.8})
+    queueing = _split(3, 15_000, waits={"notebook": 2 * 3600.0})
+    fair = _split(4, 16_500)
+    best = recommend([starving, queueing, fair], BASELINE)
+    assert best is not None and best.mps_nodes == 4
+    assert best.reason.startswith("4 MPS nodes (32 GPUs): meets every bar and delivers 16,500")
+
+
+def test_of_splits_missing_as_many_bars_the_one_that_delivers_most_and_noise_is_named() -> None:
+    a = _split(3, 15_000, waits={"notebook": 2 * 3600.0})
+    b = _split(5, 16_000, tenants={"algo-team": 0.3, "data-team": 0.8})
+    c = _split(4, 15_900, waits={"notebook": 3 * 3600.0})
+    best = recommend([a, b, c], BASELINE)
+    assert best is not None and best.mps_nodes == 5
+    assert "misses the fewest bars (algo-team 0.50x its no-governance share)" in best.reason
+    assert "within 2% of it, run-to-run noise: 4 nodes 15,900" in best.reason
+    # Equal work: the fewer MPS nodes.
+    tie = recommend([_split(4, 16_000), _split(3, 16_000)], BASELINE)
+    assert tie is not None and tie.mps_nodes == 3
+    assert recommend([], BASELINE) is None
+
+
+def test_the_table_marks_the_auto_estimate_and_gives_the_recommendation() -> None:
+    splits = [_split(3, 15_000, waits={"notebook": 2 * 3600.0}), _split(4, 16_500)]
+    text = sweep_table("default-policy", 4, splits, BASELINE)
+    lines = text.splitlines()
+    assert lines[0] == (
+        "pool split swept for default-policy (--mps-nodes auto sized it to 4 MPS nodes):"
+    )
+    assert lines[2].split()[:2] == ["3", "24"] and lines[2].endswith("notebook p95 2.0h")
+    assert lines[3].split()[0] == "4*" and lines[3].endswith("none")
+    assert "algo-team 60% (1.00x)" in lines[3]
+    assert lines[-1].startswith("recommended: 4 MPS nodes (32 GPUs): meets every bar")
+    body = sweep_json("default-policy", 4, splits, BASELINE)
+    assert body["recommendedMpsNodes"] == 4
+    assert [s["barsMissed"] for s in body["splits"]] == [["notebook p95 2.0h"], []]
+    assert "not judged" in sweep_table("default-policy", 4, splits, None)
