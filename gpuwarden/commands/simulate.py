@@ -52,7 +52,13 @@ from gpuwarden.lab.planning.strategies import (
 )
 from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
 from gpuwarden.lab.reporting.report import StrategyReport, TraceLoad, table
-from gpuwarden.lab.reporting.sweep import split_figures, sweep_json, sweep_table, tenant_shares
+from gpuwarden.lab.reporting.sweep import (
+    split_bound,
+    split_figures,
+    sweep_json,
+    sweep_table,
+    tenant_shares,
+)
 from gpuwarden.policy import PolicyError
 
 HELP = (
@@ -471,16 +477,31 @@ def _replay(plan: simulate.Plan, tools: Tools, parallel: int | None) -> list[Str
 
 
 def _sweep_outputs(
-    swept: Sequence[Swept], reports: Sequence[StrategyReport], load: TraceLoad
+    plan: simulate.Plan, swept: Sequence[Swept], reports: Sequence[StrategyReport], load: TraceLoad
 ) -> tuple[list[str], list[dict[str, object]]]:
     """Each swept strategy's table and JSON, judged against no governance where it ran."""
     by_name = {r.strategy: r for r in reports}
+    plans = {p.strategy.name: p for p in plan.strategies}
+
+    def bound(name: str, mps_gpus: int) -> float:
+        return split_bound(
+            plan.rows,
+            plans[name].decisions,
+            gpus=plan.layout.physical_gpus,
+            mps_gpus=mps_gpus,
+            replicas=plan.layout.mps_replicas,
+            horizon=plan.horizon,
+        )
+
     free = by_name.get("no-governance")
     baseline = tenant_shares(free) if free is not None else None
     tables: list[str] = []
     bodies: list[dict[str, object]] = []
     for one in swept:
-        figures = [split_figures(by_name[name], n, gpus, load) for name, n, gpus in one.splits]
+        figures = [
+            split_figures(by_name[name], n, gpus, load, bound(name, gpus))
+            for name, n, gpus in one.splits
+        ]
         tables.append(sweep_table(one.strategy, one.auto, figures, baseline))
         bodies.append(sweep_json(one.strategy, one.auto, figures, baseline))
     return tables, bodies
@@ -527,7 +548,7 @@ def run(args: argparse.Namespace) -> int:
         eprint(f"error: the lab's API server failed a request: {exc}")
         return EXIT_FAILED
     load = simulate.plan_load(plan)
-    sweep_tables, sweep_bodies = _sweep_outputs(swept, reports, load)
+    sweep_tables, sweep_bodies = _sweep_outputs(plan, swept, reports, load)
     if args.output == "json":
         body = {
             **load.as_json(),

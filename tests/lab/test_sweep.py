@@ -4,17 +4,28 @@ that misses the fewest and delivers the most recommended (pure: no lab)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from decimal import Decimal
 
+import pytest
+
+from gpuwarden.lab.cluster.controlplane import REPO_ROOT
+from gpuwarden.lab.inputs.defaulttrace import default_namespaces
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.lab.planning.plan import plan_strategy
+from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 from gpuwarden.lab.reporting.sweep import (
     SplitFigures,
     failed_bars,
     recommend,
+    split_bound,
     sweep_json,
     sweep_table,
     worst_tenant,
 )
+from gpuwarden.policy import Admission
 
 MINUTE = 60.0
+HOUR = 3600.0
 BASELINE = {"algo-team": 0.6, "data-team": 0.8}
 
 
@@ -85,13 +96,18 @@ def test_of_splits_missing_as_many_bars_the_one_that_delivers_most_and_noise_is_
 
 
 def test_the_table_marks_the_auto_estimate_and_gives_the_recommendation() -> None:
-    splits = [_split(3, 15_000, waits={"notebook": 2 * 3600.0}), _split(4, 16_500)]
+    splits = [
+        _split(3, 15_000, waits={"notebook": 2 * 3600.0}, bound=15_400.0),
+        _split(4, 16_500, bound=17_000.0),
+    ]
     text = sweep_table("default-policy", 4, splits, BASELINE)
     lines = text.splitlines()
     assert lines[0] == (
         "pool split swept for default-policy (--mps-nodes auto sized it to 4 MPS nodes):"
     )
-    assert lines[2].split()[:2] == ["3", "24"] and lines[2].endswith("notebook p95 2.0h")
+    # The split bound over the work ceiling (20,000 GPU-hours): 77% and 85%.
+    assert lines[2].split()[:3] == ["3", "24", "77%"] and lines[2].endswith("notebook p95 2.0h")
+    assert lines[3].split()[2] == "85%"
     assert lines[3].split()[0] == "4*" and lines[3].endswith("none")
     assert "algo-team 60% (1.00x)" in lines[3]
     assert lines[-1].startswith("recommended: 4 MPS nodes (32 GPUs): meets every bar")
@@ -99,3 +115,34 @@ def test_the_table_marks_the_auto_estimate_and_gives_the_recommendation() -> Non
     assert body["recommendedMpsNodes"] == 4
     assert [s["barsMissed"] for s in body["splits"]] == [["notebook p95 2.0h"], []]
     assert "not judged" in sweep_table("default-policy", 4, splits, None)
+
+
+def _planned_rows(rows: list[TraceRow]) -> dict[int, Admission]:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    return dict(planned.decisions)
+
+
+def test_the_split_bound_holds_services_to_their_windows_and_each_pool_to_its_gpus() -> None:
+    # Six notebooks at once for 10 hours (shared, one slice each), and a 4-GPU job of 10 hours
+    # arriving at 0 (whole GPUs; it can wait), on 8 GPUs over 10 hours.
+    rows = [
+        TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 10 * HOUR, Decimal(4 * 2**30))
+        for i in range(6)
+    ] + [TraceRow(6, 0.0, "data-team", "training-job", "job", 4, 10 * HOUR, Decimal(2**35))]
+    decisions = _planned_rows(rows)
+
+    def bound(mps_gpus: int, replicas: int) -> float:
+        return split_bound(
+            rows, decisions, gpus=8, mps_gpus=mps_gpus, replicas=replicas, horizon=10 * HOUR
+        )
+
+    # One GPU shared 4 ways holds 4 of the 6 notebooks: 40 of their 60 GPU-hours; 7 whole
+    # GPUs hold the job's 40.
+    assert bound(1, 4) == pytest.approx(80)
+    # Two shared GPUs hold all six; 6 whole GPUs still hold the job.
+    assert bound(2, 4) == pytest.approx(100)
+    # Five shared GPUs leave 3 whole: the job's 40 GPU-hours need 4 GPUs for 10 hours.
+    assert bound(5, 4) == pytest.approx(60 + 30)
+    # A notebook that waits loses its time: 2 ways on one GPU holds 2 of them.
+    assert bound(1, 2) == pytest.approx(20 + 40)

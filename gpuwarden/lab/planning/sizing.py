@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow
@@ -72,6 +73,14 @@ def whole_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -
     )
 
 
+def slice_speed(row: TraceRow, pod: Mapping[str, Any]) -> float:
+    """The speed a batch row's pod works at on its MPS slice, under its thread percentage (1: a
+    service, or a cap above its busy share)."""
+    cap = mps_sm_share(pod)
+    speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
+    return max(speed, 1e-3)
+
+
 def shared_gpu_hours(
     rows: Sequence[TraceRow], decisions: Mapping[int, Admission], replicas: int
 ) -> float:
@@ -87,9 +96,7 @@ def shared_gpu_hours(
         _, slices = pod_devices(decision.pod)
         if not slices:
             continue
-        cap = mps_sm_share(decision.pod)
-        speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
-        held += slices * row.duration / max(speed, 1e-3)
+        held += slices * row.duration / slice_speed(row, decision.pod)
     return held / 3600 / replicas
 
 

@@ -14,13 +14,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.lab.cluster.nodes import pod_devices
+from gpuwarden.lab.inputs.trace import TraceRow
+from gpuwarden.lab.planning.sizing import slice_speed
 from gpuwarden.lab.reporting.report import (
     INTERACTIVE_KINDS,
     StrategyReport,
     TraceLoad,
     _duration,
     _share,
+    fluid_ceiling,
 )
+from gpuwarden.policy import Admission
 
 #: The most an interactive pod (a notebook, a predictor) may wait at p95, seconds.
 INTERACTIVE_P95 = 15 * 60
@@ -46,10 +51,22 @@ class SplitFigures:
     tenants: Mapping[str, float]  # delivered over asked, by tenant namespace
     never_placed: int
     refused: int
+    bound: float | None = None  # GPU-hours: the most any scheduler delivers on this split
+
+    @property
+    def bound_share(self) -> float | None:
+        """The split's bound over the work ceiling (how much of it the split leaves reachable)."""
+        if self.bound is None or self.work_share is None or not self.work_share:
+            return None
+        return min(1.0, self.bound / (self.delivered / self.work_share))
 
 
 def split_figures(
-    report: StrategyReport, mps_nodes: int, mps_gpus: int, load: TraceLoad | None
+    report: StrategyReport,
+    mps_nodes: int,
+    mps_gpus: int,
+    load: TraceLoad | None,
+    bound: float | None = None,
 ) -> SplitFigures:
     work, busy = load.ceiling_shares(report) if load is not None else (None, None)
     waits: dict[str, float | None] = {}
@@ -67,6 +84,7 @@ def split_figures(
         tenants=tenant_shares(report),
         never_placed=report.never_placed,
         refused=report.refused,
+        bound=bound,
     )
 
 
@@ -152,8 +170,8 @@ def sweep_table(
     kinds = [k for k in INTERACTIVE_KINDS if any(s.waits.get(k) is not None for s in splits)]
     lines = [
         f"pool split swept for {strategy} (--mps-nodes auto sized it to {auto} MPS nodes):",
-        f"{'MPS nodes':>9} {'GPUs':>4} {'delivered GPU-h':>15} {'of work ceiling':>15} "
-        f"{'of busy ceiling':>15} {'lost GPU-h':>10} "
+        f"{'MPS nodes':>9} {'GPUs':>4} {'split bound':>11} {'delivered GPU-h':>15} "
+        f"{'of work ceiling':>15} {'of busy ceiling':>15} {'lost GPU-h':>10} "
         + " ".join(f"{k + ' p95':>20}" for k in kinds)
         + f" {'worst tenant (x no gov.)':>28} {'never placed':>12} {'refused':>7}  bars missed",
     ]
@@ -167,13 +185,18 @@ def sweep_table(
         failed = failed_bars(s, baseline)
         mark = "*" if s.mps_nodes == auto else " "
         lines.append(
-            f"{f'{s.mps_nodes}{mark}':>9} {s.mps_gpus:>4} {s.delivered:>15,.0f} "
+            f"{f'{s.mps_nodes}{mark}':>9} {s.mps_gpus:>4} {_share(s.bound_share):>11} "
+            f"{s.delivered:>15,.0f} "
             f"{_share(s.work_share):>15} {_share(s.busy_share):>15} {s.lost:>10,.0f} "
             + " ".join(f"{_duration(s.waits.get(k)):>20}" for k in kinds)
             + f" {worst_cell:>28} {s.never_placed:>12} {s.refused:>7}  "
             + ("; ".join(failed) or "none")
         )
     recommended = recommend(splits, baseline)
+    lines.append(
+        "(split bound: the most any scheduler could deliver with the pools split so, services "
+        "only within their windows, as a share of the work ceiling)"
+    )
     if baseline is None:
         lines.append("(no no-governance replay beside it: the tenant bar is not judged)")
     if recommended is not None:
@@ -195,6 +218,8 @@ def sweep_json(
             {
                 "mpsNodes": s.mps_nodes,
                 "mpsGpus": s.mps_gpus,
+                "splitBoundGpuHours": s.bound,
+                "splitBoundShare": s.bound_share,
                 "deliveredGpuHours": s.delivered,
                 "workCeilingShare": s.work_share,
                 "busyCeilingShare": s.busy_share,
@@ -210,3 +235,78 @@ def sweep_json(
         "recommendedMpsNodes": None if recommended is None else recommended.mps_nodes,
         "reason": None if recommended is None else recommended.reason,
     }
+
+
+def _window_bound(spans: Sequence[tuple[float, float, float, int]], capacity: int) -> float:
+    """GPU-seconds services deliver at most on ``capacity`` devices, each span (start, end, GPUs
+    asked, devices held) delivering only within its window: at each moment the most GPUs asked
+    that the devices hold (the most GPUs per device first)."""
+    events = sorted(
+        (t, index, starts)
+        for index, (start, end, _, _) in enumerate(spans)
+        for t, starts in ((start, True), (end, False))
+    )
+    alive: set[int] = set()
+    total, last = 0.0, 0.0
+    for at, index, starts in events:
+        if at > last and alive:
+            total += _held_rate(spans, alive, capacity) * (at - last)
+        last = at
+        if starts:
+            alive.add(index)
+        else:
+            alive.discard(index)
+    return total
+
+
+def _held_rate(
+    spans: Sequence[tuple[float, float, float, int]], alive: set[int], capacity: int
+) -> float:
+    """GPUs asked that ``capacity`` devices hold of the alive spans, the most per device first."""
+    ranked = sorted((spans[i][2], spans[i][3]) for i in alive if spans[i][3])
+    ranked.sort(key=lambda gd: -gd[0] / gd[1])
+    left, rate = float(capacity), 0.0
+    for gpus, devices in ranked:
+        take = min(1.0, left / devices)
+        rate, left = rate + gpus * take, left - devices * take
+        if left <= 0:
+            break
+    return rate
+
+
+def split_bound(
+    rows: Sequence[TraceRow],
+    decisions: Mapping[int, Admission],
+    *,
+    gpus: int,
+    mps_gpus: int,
+    replicas: int,
+    horizon: float,
+) -> float:
+    """GPU-hours: the most work any scheduler could deliver with ``mps_gpus`` of the ``gpus``
+    shared ``replicas`` ways and the rest whole, each pool on its own. A service (a notebook, a
+    predictor) delivers only from its arrival to its end, so in each pool services deliver at
+    most what its devices hold of them at each moment; batch work, which can wait, at most the
+    pool's fluid bound (:func:`fluid_ceiling`, a slice counted as its share of a GPU for as long
+    as its thread cap makes the work take)."""
+    services: dict[bool, list[tuple[float, float, float, int]]] = {True: [], False: []}
+    batch: dict[bool, list[tuple[float, float, float]]] = {True: [], False: []}
+    for row in rows:
+        decision = decisions.get(row.row)
+        if row.at >= horizon or decision is None or not decision.allowed:
+            continue
+        whole, slices = pod_devices(decision.pod)
+        if not (whole or slices):
+            continue
+        within = min(row.duration, horizon - row.at)
+        if not row.batch:
+            services[bool(slices)].append((row.at, row.at + within, row.gpus, slices or whole))
+            continue
+        held = slices / replicas / slice_speed(row, decision.pod) if slices else whole
+        batch[bool(slices)].append((row.at, row.gpus * within, held * within))
+    bound = _window_bound(services[True], mps_gpus * replicas) + _window_bound(
+        services[False], gpus - mps_gpus
+    )
+    for shared, pool in ((True, mps_gpus), (False, gpus - mps_gpus)):
+        bound += fluid_ceiling(batch[shared], gpus=pool, horizon=horizon)
+    return bound / 3600
