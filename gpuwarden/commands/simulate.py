@@ -449,7 +449,9 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
         if not planned.strategy.shares or planned.strategy.kueue:
             strategies.append(planned)
             continue
-        counts = list(sweep.counts) or split_candidates(planned, plan.rows, SWEEP_SIZE)
+        counts = list(sweep.counts) or split_candidates(
+            planned, plan.rows, SWEEP_SIZE, _reachable(plan, planned)
+        )
         splits = [split_plan(planned, n) for n in counts]
         strategies += splits
         swept.append(
@@ -463,6 +465,23 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
             )
         )
     return replace(plan, strategies=strategies), swept
+
+
+def _reachable(plan: simulate.Plan, planned: StrategyPlan) -> Callable[[int], float]:
+    """A count of MPS nodes' split bound for the strategy (GPU-hours)."""
+    node_gpus = plan.layout.mps_candidates
+
+    def bound(mps_nodes: int) -> float:
+        return split_bound(
+            plan.rows,
+            planned.decisions,
+            gpus=plan.layout.physical_gpus,
+            mps_gpus=sum(node_gpus[:mps_nodes]),
+            replicas=plan.layout.mps_replicas,
+            horizon=plan.horizon,
+        )
+
+    return bound
 
 
 def _replay(plan: simulate.Plan, tools: Tools, parallel: int | None) -> list[StrategyReport]:
@@ -483,23 +502,13 @@ def _sweep_outputs(
     by_name = {r.strategy: r for r in reports}
     plans = {p.strategy.name: p for p in plan.strategies}
 
-    def bound(name: str, mps_gpus: int) -> float:
-        return split_bound(
-            plan.rows,
-            plans[name].decisions,
-            gpus=plan.layout.physical_gpus,
-            mps_gpus=mps_gpus,
-            replicas=plan.layout.mps_replicas,
-            horizon=plan.horizon,
-        )
-
     free = by_name.get("no-governance")
     baseline = tenant_shares(free) if free is not None else None
     tables: list[str] = []
     bodies: list[dict[str, object]] = []
     for one in swept:
         figures = [
-            split_figures(by_name[name], n, gpus, load, bound(name, gpus))
+            split_figures(by_name[name], n, gpus, load, _reachable(plan, plans[name])(n))
             for name, n, gpus in one.splits
         ]
         tables.append(sweep_table(one.strategy, one.auto, figures, baseline))

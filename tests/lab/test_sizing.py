@@ -135,6 +135,19 @@ def test_sweep_candidates_surround_the_auto_estimate() -> None:
     assert sweep_candidates(2, [1], 3) == [1]
 
 
+def test_sweep_candidates_are_the_auto_estimate_and_the_splits_that_leave_most_reachable() -> None:
+    # The oversubscribed week's split bounds (shares of the work ceiling) by MPS nodes: auto
+    # gives 4, the bound is highest at 5, then 6, and 3 leaves far less.
+    bounds = {1: 0.45, 2: 0.63, 3: 0.76, 4: 0.86, 5: 0.92, 6: 0.915, 7: 0.88}
+    assert sweep_candidates(4, list(bounds), 3, bounds) == [4, 5, 6]
+    # The busy week's: auto 2 is the best; then 3, then 1.
+    busy = {1: 0.91, 2: 0.993, 3: 0.969, 4: 0.855}
+    assert sweep_candidates(2, list(busy), 3, busy) == [1, 2, 3]
+    # Equal bounds: nearer the auto estimate, then fewer nodes.
+    flat = dict.fromkeys(range(1, 8), 1.0)
+    assert sweep_candidates(4, list(flat), 3, flat) == [3, 4, 5]
+
+
 def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
     strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
     # 40 notebooks at once (10 shared GPUs) and an 8-GPU job.

@@ -9,9 +9,9 @@ from decimal import Decimal
 import pytest
 
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT
-from gpuwarden.lab.inputs.defaulttrace import default_namespaces
+from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
-from gpuwarden.lab.planning.plan import plan_strategy
+from gpuwarden.lab.planning.plan import plan_strategy, split_candidates
 from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 from gpuwarden.lab.reporting.sweep import (
     SplitFigures,
@@ -146,3 +146,30 @@ def test_the_split_bound_holds_services_to_their_windows_and_each_pool_to_its_gp
     assert bound(5, 4) == pytest.approx(60 + 30)
     # A notebook that waits loses its time: 2 ways on one GPU holds 2 of them.
     assert bound(1, 2) == pytest.approx(20 + 40)
+
+
+def test_the_oversubscribed_week_sweeps_the_auto_split_and_the_two_that_leave_most_reachable() -> (
+    None
+):
+    rows = BUILTIN_TRACES["oversubscribed-week"]()
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    horizon = max(r.at + r.duration for r in rows)
+
+    def reachable(nodes: int) -> float:
+        return split_bound(
+            rows, planned.decisions, gpus=64, mps_gpus=8 * nodes, replicas=4, horizon=horizon
+        )
+
+    assert planned.layout.mps_nodes == 4
+    # Of the 20,196 GPU-hours offered (the work ceiling), 4 MPS nodes leave about 86%
+    # reachable, 5 about 92%, 6 about 91.5%: no split leaves 95%.
+    assert [round(reachable(n) / 20_196, 2) for n in (3, 4, 5, 6, 7)] == [
+        0.76,
+        0.86,
+        0.92,
+        0.91,
+        0.88,
+    ]
+    assert split_candidates(planned, rows, 3, reachable) == [4, 5, 6]
+    assert split_candidates(planned, rows, 3) == [3, 4, 5]

@@ -10,7 +10,7 @@ tenant's live pods, so the replay validates each pod again, against them, when i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -132,17 +132,24 @@ def plan_strategy(
     return StrategyPlan(strategy, resolved, tuple(notes), classes, view, decisions)
 
 
-def split_candidates(planned: StrategyPlan, rows: Sequence[TraceRow], size: int) -> list[int]:
+def split_candidates(
+    planned: StrategyPlan,
+    rows: Sequence[TraceRow],
+    size: int,
+    reachable: Callable[[int], float] | None = None,
+) -> list[int]:
     """The MPS node counts a sweep of the pool split replays for a strategy whose layout was
-    sized (``--mps-nodes auto``): the ``size`` counts nearest the auto estimate that leave the
-    largest whole-GPU pod a node's worth of whole GPUs (none for a strategy that shares
-    nothing)."""
+    sized (``--mps-nodes auto``), of those that leave the largest whole-GPU pod a node's worth
+    of whole GPUs: the auto estimate and the ``size - 1`` others that leave the most work
+    reachable (``reachable``: a count's split bound), or nearest it (none for a strategy that
+    shares nothing)."""
     if not planned.strategy.shares or planned.layout.mps_nodes is None:
         return []
     counts = whole_node_counts(
         planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
     )
-    return sweep_candidates(planned.layout.mps_nodes, counts, size)
+    bounds = {n: reachable(n) for n in counts} if reachable is not None else None
+    return sweep_candidates(planned.layout.mps_nodes, counts, size, bounds)
 
 
 def split_plan(planned: StrategyPlan, mps_nodes: int) -> StrategyPlan:

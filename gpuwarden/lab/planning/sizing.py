@@ -192,9 +192,18 @@ def whole_node_counts(node_gpus: Sequence[int], largest_whole: int) -> list[int]
     return counts or [1]
 
 
-def sweep_candidates(auto: int, counts: Sequence[int], size: int) -> list[int]:
-    """The ``size`` MPS node counts of ``counts`` nearest ``auto`` (the auto estimate), the
-    fewer nodes first where two are as near, in increasing order: the auto estimate and its
-    neighbours on both sides, or on one side where it sits at an end."""
-    nearest = sorted(set(counts), key=lambda n: (abs(n - auto), n))
-    return sorted(nearest[: max(size, 1)])
+def sweep_candidates(
+    auto: int, counts: Sequence[int], size: int, reachable: Mapping[int, float] | None = None
+) -> list[int]:
+    """``size`` MPS node counts of ``counts`` to replay, in increasing order: the auto estimate
+    and, where ``reachable`` gives each count's split bound (the most work any scheduler could
+    deliver with the pools split so), the counts that leave the most work reachable; else its
+    neighbours on both sides (on one side at an end). Nearer ``auto`` first, then fewer nodes,
+    where two are as good."""
+    pool = set(counts)
+    chosen = [auto] if auto in pool else []
+    left = sorted(
+        pool - {auto},
+        key=lambda n: (-reachable.get(n, 0.0) if reachable else 0.0, abs(n - auto), n),
+    )
+    return sorted(chosen + left[: max(size, 1) - len(chosen)])
