@@ -37,6 +37,7 @@ from gpuwarden.lab.inputs.trace import TraceError, TraceRow, parse_seconds, pars
 from gpuwarden.lab.planning.plan import (
     StrategyPlan,
     plan_strategy,
+    settle_split,
     split_candidates,
     split_plan,
 )
@@ -412,7 +413,10 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     def planned(strategy: Strategy) -> StrategyPlan:
         # Once per strategy: a tenant-queue variant's base is planned for its sizing.
         if strategy.name not in plans:
-            plans[strategy.name] = plan_strategy(strategy, layout, rows, namespaces)
+            sized = plan_strategy(strategy, layout, rows, namespaces)
+            if layout.mps_nodes is None:
+                sized = settle_split(sized, rows, _reachable(rows, layout, horizon, sized))
+            plans[strategy.name] = sized
         return plans[strategy.name]
 
     def queued(base: Strategy) -> Strategy:
@@ -450,7 +454,10 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
             strategies.append(planned)
             continue
         counts = list(sweep.counts) or split_candidates(
-            planned, plan.rows, SWEEP_SIZE, _reachable(plan, planned)
+            planned,
+            plan.rows,
+            SWEEP_SIZE,
+            _reachable(plan.rows, plan.layout, plan.horizon, planned),
         )
         splits = [split_plan(planned, n) for n in counts]
         strategies += splits
@@ -467,18 +474,20 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
     return replace(plan, strategies=strategies), swept
 
 
-def _reachable(plan: simulate.Plan, planned: StrategyPlan) -> Callable[[int], float]:
+def _reachable(
+    rows: Sequence[TraceRow], layout: Layout, horizon: float, planned: StrategyPlan
+) -> Callable[[int], float]:
     """A count of MPS nodes' split bound for the strategy (GPU-hours)."""
-    node_gpus = plan.layout.mps_candidates
+    node_gpus = layout.mps_candidates
 
     def bound(mps_nodes: int) -> float:
         return split_bound(
-            plan.rows,
+            rows,
             planned.decisions,
-            gpus=plan.layout.physical_gpus,
+            gpus=layout.physical_gpus,
             mps_gpus=sum(node_gpus[:mps_nodes]),
-            replicas=plan.layout.mps_replicas,
-            horizon=plan.horizon,
+            replicas=layout.mps_replicas,
+            horizon=horizon,
         )
 
     return bound
@@ -508,7 +517,13 @@ def _sweep_outputs(
     bodies: list[dict[str, object]] = []
     for one in swept:
         figures = [
-            split_figures(by_name[name], n, gpus, load, _reachable(plan, plans[name])(n))
+            split_figures(
+                by_name[name],
+                n,
+                gpus,
+                load,
+                _reachable(plan.rows, plan.layout, plan.horizon, plans[name])(n),
+            )
             for name, n, gpus in one.splits
         ]
         tables.append(sweep_table(one.strategy, one.auto, figures, baseline))

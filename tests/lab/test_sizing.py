@@ -3,6 +3,8 @@ enough GPUs for the shared peak, never the whole-GPU pods starved (pure: no clus
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -11,9 +13,15 @@ from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
-from gpuwarden.lab.planning.plan import plan_strategy, split_candidates, split_plan
+from gpuwarden.lab.planning.plan import (
+    plan_strategy,
+    settle_split,
+    split_candidates,
+    split_plan,
+)
 from gpuwarden.lab.planning.sizing import (
     WholeDemand,
+    probe_counts,
     shared_gpu_hours,
     size_mps_nodes,
     sweep_candidates,
@@ -167,3 +175,35 @@ def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
     # A strategy that shares nothing has no split to sweep.
     free = plan_strategy(strategies["no-governance"], Layout(), rows, default_namespaces())
     assert split_candidates(free, rows, 3) == []
+
+
+def test_a_sized_split_gives_way_only_to_one_that_leaves_clearly_more_reachable() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    rows = [
+        TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 8 * HOUR, Decimal(10 * 2**30), busy=0.1)
+        for i in range(40)
+    ] + [TraceRow(40, 0.0, "data-team", "training-job", "big", 8, 8 * HOUR, Decimal(60 * 2**30))]
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    auto = planned.layout.mps_nodes
+    assert auto == 2  # 40 slices: 10 GPUs, two 8-GPU nodes
+
+    def bounds(table: dict[int, float]) -> Callable[[int], float]:
+        return lambda n: table.get(n, 0.0)
+
+    # 3 nodes leave 5% more reachable: the plan takes it and says why.
+    settled = settle_split(planned, rows, bounds({2: 1000.0, 3: 1050.0}))
+    assert settled.layout.mps_nodes == 3
+    assert settled.notes[-1].startswith(
+        "MPS nodes: 3, not 2: any scheduler delivers at most 1,050 GPU-hours with 3, 1,000 with 2"
+    )
+    # Within 2%: the sized split stays, its plan unchanged.
+    assert settle_split(planned, rows, bounds({2: 1000.0, 3: 1015.0})) is planned
+    # A tenant-queue variant keeps the split its quotas were made for.
+    queued = replace(planned, strategy=replace(planned.strategy, mps_nodes=2))
+    assert settle_split(queued, rows, bounds({2: 1000.0, 3: 2000.0})) is queued
+
+
+def test_long_node_lists_probe_a_spread_of_counts_and_the_auto_neighbourhood() -> None:
+    assert probe_counts([1, 2, 3], 2) == [1, 2, 3]
+    probed = probe_counts(list(range(1, 1213)), 600, most=16)
+    assert len(probed) <= 19 and {1, 599, 600, 601, 1212} <= set(probed)

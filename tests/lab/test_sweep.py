@@ -11,7 +11,7 @@ import pytest
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
-from gpuwarden.lab.planning.plan import plan_strategy, split_candidates
+from gpuwarden.lab.planning.plan import plan_strategy, settle_split, split_candidates
 from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 from gpuwarden.lab.reporting.sweep import (
     SplitFigures,
@@ -173,3 +173,7 @@ def test_the_oversubscribed_week_sweeps_the_auto_split_and_the_two_that_leave_mo
     ]
     assert split_candidates(planned, rows, 3, reachable) == [4, 5, 6]
     assert split_candidates(planned, rows, 3) == [3, 4, 5]
+    # --mps-nodes auto settles on 5: 7% more work reachable than the 4 its sizing gave.
+    settled = settle_split(planned, rows, reachable)
+    assert settled.layout.mps_nodes == 5
+    assert "MPS nodes: 5, not 4: any scheduler delivers at most 18,608" in settled.notes[-1]

@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
 from gpuwarden.lab.planning.sizing import (
+    probe_counts,
     shared_demand,
     shared_gpu_hours,
     size_mps_nodes,
@@ -148,8 +149,45 @@ def split_candidates(
     counts = whole_node_counts(
         planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
     )
-    bounds = {n: reachable(n) for n in counts} if reachable is not None else None
-    return sweep_candidates(planned.layout.mps_nodes, counts, size, bounds)
+    auto = planned.layout.mps_nodes
+    bounds = (
+        {n: reachable(n) for n in probe_counts(counts, auto)} if reachable is not None else None
+    )
+    return sweep_candidates(auto, counts, size, bounds)
+
+
+#: A sized split gives way to one whose split bound is higher by more than this share.
+REACHABLE_MARGIN = 0.02
+
+
+def settle_split(
+    planned: StrategyPlan, rows: Sequence[TraceRow], reachable: Callable[[int], float]
+) -> StrategyPlan:
+    """The strategy's plan with the MPS node count its sizing gave (``--mps-nodes auto``), or,
+    where another count's split bound (``reachable``: the most work any scheduler could deliver
+    with the pools split so, GPU-hours) is higher by more than :data:`REACHABLE_MARGIN`, that
+    count: a rule of thumb never leaves clearly less work reachable than the trace allows.
+    Tenant-queue variants keep the split their quotas were made for."""
+    auto = planned.layout.mps_nodes
+    if not planned.strategy.shares or planned.strategy.mps_nodes is not None or not auto:
+        return planned
+    counts = whole_node_counts(
+        planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
+    )
+    bounds = {n: reachable(n) for n in {*probe_counts(counts, auto), auto}}
+    best = max(bounds, key=lambda n: (bounds[n], -abs(n - auto), -n))
+    if bounds[best] <= bounds[auto] * (1 + REACHABLE_MARGIN):
+        return planned
+    note = (
+        f"MPS nodes: {best}, not {auto}: any scheduler delivers at most {bounds[best]:,.0f} "
+        f"GPU-hours with {best}, {bounds[auto]:,.0f} with {auto} (the split bound: services only "
+        f"within their windows; see --mps-nodes sweep)"
+    )
+    return replace(
+        planned,
+        layout=replace(planned.layout, mps_nodes=best),
+        notes=(*planned.notes, note),
+    )
 
 
 def split_plan(planned: StrategyPlan, mps_nodes: int) -> StrategyPlan:

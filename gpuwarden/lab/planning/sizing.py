@@ -207,3 +207,13 @@ def sweep_candidates(
         key=lambda n: (-reachable.get(n, 0.0) if reachable else 0.0, abs(n - auto), n),
     )
     return sorted(chosen + left[: max(size, 1) - len(chosen)])
+
+
+def probe_counts(counts: Sequence[int], auto: int, most: int = 16) -> list[int]:
+    """The counts whose split bound is worth computing: all of them, or on a long node list
+    ``most`` spread evenly over them with the auto estimate and its neighbours."""
+    if len(counts) <= most:
+        return list(counts)
+    step = (len(counts) - 1) / (most - 1)
+    spread = {counts[round(i * step)] for i in range(most)}
+    return sorted(spread | {n for n in counts if abs(n - auto) <= 1})
