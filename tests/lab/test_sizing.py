@@ -156,13 +156,17 @@ def test_sweep_candidates_are_the_auto_estimate_and_the_splits_that_leave_most_r
     assert sweep_candidates(4, list(flat), 3, flat) == [3, 4, 5]
 
 
-def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
-    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
-    # 40 notebooks at once (10 shared GPUs) and an 8-GPU job.
-    rows = [
+def _notebooks_and_a_node_job() -> list[TraceRow]:
+    """40 notebooks at once (10 shared GPUs) and an 8-GPU job."""
+    return [
         TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 8 * HOUR, Decimal(10 * 2**30), busy=0.1)
         for i in range(40)
     ] + [TraceRow(40, 0.0, "data-team", "training-job", "big", 8, 8 * HOUR, Decimal(60 * 2**30))]
+
+
+def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    rows = _notebooks_and_a_node_job()
     planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
     auto = planned.layout.mps_nodes
     assert auto is not None
@@ -179,10 +183,7 @@ def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
 
 def test_a_sized_split_gives_way_only_to_one_that_leaves_clearly_more_reachable() -> None:
     strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
-    rows = [
-        TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 8 * HOUR, Decimal(10 * 2**30), busy=0.1)
-        for i in range(40)
-    ] + [TraceRow(40, 0.0, "data-team", "training-job", "big", 8, 8 * HOUR, Decimal(60 * 2**30))]
+    rows = _notebooks_and_a_node_job()
     planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
     auto = planned.layout.mps_nodes
     assert auto == 2  # 40 slices: 10 GPUs, two 8-GPU nodes
