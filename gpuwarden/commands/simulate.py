@@ -171,8 +171,9 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N|auto|sweep[:N,...]",
         help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
-        "as the strategy's shared pods ask for at most at once); sweep: replay each sharing "
-        f"strategy with the {SWEEP_SIZE} counts nearest the auto estimate (sweep:N,...: these "
+        "as the strategy's shared pods ask for at most at once, within what leaves whole-GPU "
+        "work its share); sweep: replay each sharing strategy with the auto estimate and the "
+        f"{SWEEP_SIZE - 1} other counts that leave the most work reachable (sweep:N,...: these "
         "counts) and recommend one",
     )
     parser.add_argument(
@@ -204,14 +205,14 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-#: The MPS node counts `--mps-nodes sweep` replays (the auto estimate and its neighbours), and
-#: how many labs it replays at once (each lab takes most of a core).
+#: How many MPS node counts `--mps-nodes sweep` replays (the auto estimate among them), and how
+#: many labs it replays at once (each lab takes most of a core).
 SWEEP_SIZE, SWEEP_PARALLEL = 3, 2
 
 
 @dataclass(frozen=True)
 class SplitSweep:
-    """`--mps-nodes sweep`: the counts to replay (empty: those nearest the auto estimate)."""
+    """`--mps-nodes sweep`: the counts to replay (empty: chosen by :func:`split_candidates`)."""
 
     counts: tuple[int, ...] = ()
 
