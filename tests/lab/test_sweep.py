@@ -79,6 +79,13 @@ def test_a_split_that_meets_the_bars_wins_over_one_that_delivers_more() -> None:
     best = recommend([starving, queueing, fair], BASELINE)
     assert best is not None and best.mps_nodes == 4
     assert best.reason.startswith("4 MPS nodes (32 GPUs): meets every bar and delivers 16,500")
+    # The split that delivers more is named with what it misses; the one that delivers less is
+    # not noise.
+    assert best.reason.endswith(
+        "; more work but more bars missed: 5 nodes 18,000 (+9%; algo-team 0.50x its "
+        "no-governance share)"
+    )
+    assert "noise" not in best.reason
 
 
 def test_of_splits_missing_as_many_bars_the_one_that_delivers_most_and_noise_is_named() -> None:
@@ -88,7 +95,8 @@ def test_of_splits_missing_as_many_bars_the_one_that_delivers_most_and_noise_is_
     best = recommend([a, b, c], BASELINE)
     assert best is not None and best.mps_nodes == 5
     assert "misses the fewest bars (algo-team 0.50x its no-governance share)" in best.reason
-    assert "within 2% of it, run-to-run noise: 4 nodes 15,900" in best.reason
+    assert "within 2% of its work, run-to-run noise: 4 nodes 15,900" in best.reason
+    assert "3 nodes" not in best.reason  # 6% less work: neither noise nor more
     # Equal work: the fewer MPS nodes.
     tie = recommend([_split(4, 16_000), _split(3, 16_000)], BASELINE)
     assert tie is not None and tie.mps_nodes == 3

@@ -153,10 +153,18 @@ def recommend(
         f"{best.mps_nodes} MPS nodes ({best.mps_gpus} GPUs): {verdict} and delivers "
         f"{best.delivered:,.0f} GPU-hours ({_share(best.work_share)} of the work ceiling)"
     )
-    near = [s for s in rest if s.delivered >= (1 - NOISE) * best.delivered]
+    near = [s for s in rest if abs(s.delivered - best.delivered) <= NOISE * best.delivered]
     if near:
         others = ", ".join(f"{s.mps_nodes} nodes {s.delivered:,.0f}" for s in near)
-        reason += f"; within {NOISE:.0%} of it, run-to-run noise: {others}"
+        reason += f"; within {NOISE:.0%} of its work, run-to-run noise: {others}"
+    more = [s for s in rest if s.delivered > (1 + NOISE) * best.delivered]
+    if more:
+        others = ", ".join(
+            f"{s.mps_nodes} nodes {s.delivered:,.0f} (+{s.delivered / best.delivered - 1:.0%}; "
+            f"{'; '.join(failed_bars(s, baseline))})"
+            for s in more
+        )
+        reason += f"; more work but more bars missed: {others}"
     return Recommendation(best.mps_nodes, reason)
 
 
