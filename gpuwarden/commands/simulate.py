@@ -7,8 +7,8 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import urllib3
@@ -34,7 +34,13 @@ from gpuwarden.lab.inputs.alibaba import (
 )
 from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.inputs.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
-from gpuwarden.lab.planning.plan import StrategyPlan, plan_strategy
+from gpuwarden.lab.planning.plan import (
+    StrategyPlan,
+    plan_strategy,
+    settle_split,
+    split_candidates,
+    split_plan,
+)
 from gpuwarden.lab.planning.sizing import shared_slice_hours
 from gpuwarden.lab.planning.strategies import (
     KUEUE_SUFFIX,
@@ -59,7 +65,14 @@ from gpuwarden.lab.replay.fill import (
     run_fill,
 )
 from gpuwarden.lab.reporting.plot import PlotUnavailableError, write_png
-from gpuwarden.lab.reporting.report import table
+from gpuwarden.lab.reporting.report import StrategyReport, TraceLoad, table
+from gpuwarden.lab.reporting.sweep import (
+    split_bound,
+    split_figures,
+    sweep_json,
+    sweep_table,
+    tenant_shares,
+)
 from gpuwarden.policy import PolicyError
 
 HELP = (
@@ -202,9 +215,19 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
         "--mps-nodes",
         type=_mps_nodes,
         default=None,
-        metavar="N|auto",
+        metavar="N|auto|sweep[:N,...]",
         help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
-        "as the strategy's shared pods ask for at most at once)",
+        "as the strategy's shared pods ask for at most at once, within what leaves whole-GPU "
+        "work its share); sweep: replay each sharing strategy with the auto estimate and the "
+        f"{SWEEP_SIZE - 1} other counts that leave the most work reachable (sweep:N,...: these "
+        "counts) and recommend one",
+    )
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        metavar="N",
+        help="labs replayed at once (default: every strategy at once; with --mps-nodes sweep, "
+        f"{SWEEP_PARALLEL})",
     )
     parser.add_argument(
         "--mps-replicas", type=int, default=4, metavar="N", help="MPS replicas per GPU (default 4)"
@@ -228,9 +251,24 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _mps_nodes(text: str) -> int | None:
+#: How many MPS node counts `--mps-nodes sweep` replays (the auto estimate among them), and how
+#: many labs it replays at once (each lab takes most of a core).
+SWEEP_SIZE, SWEEP_PARALLEL = 3, 2
+
+
+@dataclass(frozen=True)
+class SplitSweep:
+    """`--mps-nodes sweep`: the counts to replay (empty: chosen by :func:`split_candidates`)."""
+
+    counts: tuple[int, ...] = ()
+
+
+def _mps_nodes(text: str) -> int | SplitSweep | None:
     if text.strip() == "auto":
         return None
+    word, sep, listed = text.strip().partition(":")
+    if word == "sweep":
+        return _sweep_counts(listed) if sep else SplitSweep()
     try:
         value = int(text)
     except ValueError:
@@ -238,6 +276,18 @@ def _mps_nodes(text: str) -> int | None:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more (or auto)")
     return value
+
+
+def _sweep_counts(listed: str) -> SplitSweep:
+    try:
+        counts = tuple(sorted({int(n) for n in listed.split(",")}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"sweep:{listed}: write sweep:N,N,... (MPS node counts)"
+        ) from None
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"sweep:{listed}: each count must be 1 or more")
+    return SplitSweep(counts)
 
 
 def _read(path: str) -> str:
@@ -334,9 +384,8 @@ def _layout(args: argparse.Namespace) -> Layout:
         )
     elif args.node_sample is not None:
         raise InputError("--node-sample: only with --node-list")
-    return Layout(
-        args.nodes, args.gpus_per_node, args.mps_nodes, args.mps_replicas, node_pools=pools
-    )
+    mps = None if isinstance(args.mps_nodes, SplitSweep) else args.mps_nodes
+    return Layout(args.nodes, args.gpus_per_node, mps, args.mps_replicas, node_pools=pools)
 
 
 def _strategies(
@@ -431,7 +480,10 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     def planned(strategy: Strategy) -> StrategyPlan:
         # Once per strategy: a tenant-queue variant's base is planned for its sizing.
         if strategy.name not in plans:
-            plans[strategy.name] = plan_strategy(strategy, layout, rows, namespaces)
+            sized = plan_strategy(strategy, layout, rows, namespaces)
+            if layout.mps_nodes is None:
+                sized = settle_split(sized, rows, _reachable(rows, layout, horizon, sized))
+            plans[strategy.name] = sized
         return plans[strategy.name]
 
     def queued(base: Strategy) -> Strategy:
@@ -442,6 +494,108 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
 
     strategies = [planned(s) for s in _strategies(args, queued)]
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
+
+
+@dataclass(frozen=True)
+class Swept:
+    """A sharing strategy replayed once per MPS node count: its name, its auto estimate, and
+    each split's replayed strategy name, MPS nodes and their GPUs."""
+
+    strategy: str
+    auto: int
+    splits: tuple[tuple[str, int, int], ...]
+
+
+def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[Swept]]:
+    """The plan with each sharing strategy replaced by one per swept split (tenant-queue
+    variants keep the split their quotas were made for)."""
+    if sweep.counts and sweep.counts[-1] > plan.layout.node_count:
+        raise InputError(
+            f"--mps-nodes sweep:{','.join(map(str, sweep.counts))}: the lab has "
+            f"{plan.layout.node_count} nodes"
+        )
+    strategies: list[StrategyPlan] = []
+    swept: list[Swept] = []
+    for planned in plan.strategies:
+        if not planned.strategy.shares or planned.strategy.kueue:
+            strategies.append(planned)
+            continue
+        counts = list(sweep.counts) or split_candidates(
+            planned,
+            plan.rows,
+            SWEEP_SIZE,
+            _reachable(plan.rows, plan.layout, plan.horizon, planned),
+        )
+        splits = [split_plan(planned, n) for n in counts]
+        strategies += splits
+        swept.append(
+            Swept(
+                planned.strategy.name,
+                planned.layout.mps_nodes or 0,
+                tuple(
+                    (p.strategy.name, n, p.layout.mps_gpus(True))
+                    for p, n in zip(splits, counts, strict=True)
+                ),
+            )
+        )
+    return replace(plan, strategies=strategies), swept
+
+
+def _reachable(
+    rows: Sequence[TraceRow], layout: Layout, horizon: float, planned: StrategyPlan
+) -> Callable[[int], float]:
+    """A count of MPS nodes' split bound for the strategy (GPU-hours)."""
+    node_gpus = layout.mps_candidates
+
+    def bound(mps_nodes: int) -> float:
+        return split_bound(
+            rows,
+            planned.decisions,
+            gpus=layout.physical_gpus,
+            mps_gpus=sum(node_gpus[:mps_nodes]),
+            replicas=layout.mps_replicas,
+            horizon=horizon,
+        )
+
+    return bound
+
+
+def _replay(plan: simulate.Plan, tools: Tools, parallel: int | None) -> list[StrategyReport]:
+    """Every strategy's report, ``parallel`` labs at a time (None: all at once)."""
+    if parallel is None or parallel >= len(plan.strategies):
+        return simulate.run(plan, tools, progress=sys.stderr)
+    reports: list[StrategyReport] = []
+    for start in range(0, len(plan.strategies), parallel):
+        batch = replace(plan, strategies=plan.strategies[start : start + parallel])
+        reports += simulate.run(batch, tools, progress=sys.stderr)
+    return reports
+
+
+def _sweep_outputs(
+    plan: simulate.Plan, swept: Sequence[Swept], reports: Sequence[StrategyReport], load: TraceLoad
+) -> tuple[list[str], list[dict[str, object]]]:
+    """Each swept strategy's table and JSON, judged against no governance where it ran."""
+    by_name = {r.strategy: r for r in reports}
+    plans = {p.strategy.name: p for p in plan.strategies}
+
+    free = by_name.get("no-governance")
+    baseline = tenant_shares(free) if free is not None else None
+    tables: list[str] = []
+    bodies: list[dict[str, object]] = []
+    for one in swept:
+        figures = [
+            split_figures(
+                by_name[name],
+                n,
+                gpus,
+                load,
+                _reachable(plan.rows, plan.layout, plan.horizon, plans[name])(n),
+            )
+            for name, n, gpus in one.splits
+        ]
+        tables.append(sweep_table(one.strategy, one.auto, figures, baseline))
+        bodies.append(sweep_json(one.strategy, one.auto, figures, baseline))
+    return tables, bodies
 
 
 def interruptible() -> None:
@@ -477,8 +631,14 @@ def run(args: argparse.Namespace) -> int:
     interruptible()
     if args.fill is not None:
         return _run_fill(args)
+    sweep = args.mps_nodes if isinstance(args.mps_nodes, SplitSweep) else None
+    swept: list[Swept] = []
     try:
+        if args.parallel is not None and args.parallel < 1:
+            raise InputError("--parallel must be 1 or more")
         plan = _plan(args)
+        if plan is not None and sweep is not None:
+            plan, swept = _sweep(plan, sweep)
     except (InputError, TraceError) as exc:
         eprint(f"error: {exc}")
         return EXIT_USAGE
@@ -490,10 +650,12 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_OK
     try:
         tools = Tools.load()
-        reports = simulate.run(plan, tools, progress=sys.stderr)
+        parallel = args.parallel if args.parallel or sweep is None else SWEEP_PARALLEL
+        reports = _replay(plan, tools, parallel)
     except _LAB_ERRORS as exc:
         return _lab_failed(exc)
     load = simulate.plan_load(plan)
+    sweep_tables, sweep_bodies = _sweep_outputs(plan, swept, reports, load)
     if args.output == "json":
         body = {
             **load.as_json(),
@@ -506,10 +668,13 @@ def run(args: argparse.Namespace) -> int:
                 "mpsReplicas": plan.layout.mps_replicas,
             },
             "strategies": [r.as_json(load) for r in reports],
+            **({"mpsSweep": sweep_bodies} if sweep is not None else {}),
         }
         sys.stdout.write(json.dumps(body, indent=2) + "\n")
     else:
         sys.stdout.write(table(reports, load) + "\n")
+        for text in sweep_tables:
+            sys.stdout.write("\n" + text + "\n")
     if args.plot:
         try:
             write_png(reports, Path(args.plot))
@@ -526,12 +691,18 @@ def run(args: argparse.Namespace) -> int:
 def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
     """The pods that arrive and the layout with its MPS nodes resolved."""
     given = [
-        flag for flag, value in (("--only", args.only), ("--policies", args.policies)) if value
+        flag
+        for flag, value in (
+            ("--only", args.only),
+            ("--policies", args.policies),
+            ("--mps-nodes sweep", isinstance(args.mps_nodes, SplitSweep)),
+        )
+        if value
     ]
     if given:
         raise InputError(
             f"{', '.join(given)}: --fill compares kube-scheduler profiles "
-            f"({', '.join(FILL_SCHEDULERS)}), not policies"
+            f"({', '.join(FILL_SCHEDULERS)}), not policies or pool splits"
         )
     if not args.fill > 0 or args.fill > 100:
         raise InputError(f"--fill {args.fill}: a share of the GPUs above 0 (1.3 is 130%)")

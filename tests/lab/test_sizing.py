@@ -3,6 +3,8 @@ enough GPUs for the shared peak, never the whole-GPU pods starved (pure: no clus
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from decimal import Decimal
 
 import pytest
@@ -11,8 +13,20 @@ from gpuwarden.lab.cluster.controlplane import REPO_ROOT
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
-from gpuwarden.lab.planning.plan import plan_strategy
-from gpuwarden.lab.planning.sizing import WholeDemand, shared_gpu_hours, size_mps_nodes
+from gpuwarden.lab.planning.plan import (
+    plan_strategy,
+    settle_split,
+    split_candidates,
+    split_plan,
+)
+from gpuwarden.lab.planning.sizing import (
+    WholeDemand,
+    probe_counts,
+    shared_gpu_hours,
+    size_mps_nodes,
+    sweep_candidates,
+    whole_node_counts,
+)
 from gpuwarden.lab.planning.strategies import Layout, builtin_strategies
 
 HOUR = 3600.0
@@ -104,3 +118,95 @@ def test_a_capped_trial_holds_its_slice_longer_than_its_duration() -> None:
     rows = [_trial(1, 0.0)]
     plan = plan_strategy(strategy, Layout(), rows, default_namespaces())
     assert shared_gpu_hours(rows, plan.decisions, 4) == pytest.approx(3.2 / 4)
+
+
+def test_sweep_counts_leave_the_largest_whole_pod_a_node() -> None:
+    # 8 nodes of 8: an 8-GPU pod needs one node whole; with none, every node may share.
+    assert whole_node_counts([8] * 8, 8) == [1, 2, 3, 4, 5, 6, 7]
+    assert whole_node_counts([8] * 4, 0) == [1, 2, 3, 4]
+    # 2 + 4 + 8 + 2 GPUs, a pod of 8: only counts that keep the 8-GPU node whole.
+    assert whole_node_counts([2, 4, 8, 2], 8) == [1, 2]
+    # Nothing leaves it room: one node still shares (sizing never gives a sharer none).
+    assert whole_node_counts([4, 4], 8) == [1]
+    assert whole_node_counts([], 8) == []
+
+
+def test_sweep_candidates_surround_the_auto_estimate() -> None:
+    counts = [1, 2, 3, 4, 5, 6, 7]
+    assert sweep_candidates(4, counts, 3) == [3, 4, 5]
+    assert sweep_candidates(4, counts, 5) == [2, 3, 4, 5, 6]
+    # Four: the fewer nodes first where two are as near.
+    assert sweep_candidates(4, counts, 4) == [2, 3, 4, 5]
+    # At an end, the neighbours are on one side.
+    assert sweep_candidates(1, counts, 3) == [1, 2, 3]
+    assert sweep_candidates(7, counts, 3) == [5, 6, 7]
+    # Fewer counts than asked: all of them.
+    assert sweep_candidates(1, [1, 2], 5) == [1, 2]
+    assert sweep_candidates(2, [1], 3) == [1]
+
+
+def test_sweep_candidates_are_the_auto_estimate_and_the_splits_that_leave_most_reachable() -> None:
+    # The oversubscribed week's split bounds (shares of the work ceiling) by MPS nodes: auto
+    # gives 4, the bound is highest at 5, then 6, and 3 leaves far less.
+    bounds = {1: 0.45, 2: 0.63, 3: 0.76, 4: 0.86, 5: 0.92, 6: 0.915, 7: 0.88}
+    assert sweep_candidates(4, list(bounds), 3, bounds) == [4, 5, 6]
+    # The busy week's: auto 2 is the best; then 3, then 1.
+    busy = {1: 0.91, 2: 0.993, 3: 0.969, 4: 0.855}
+    assert sweep_candidates(2, list(busy), 3, busy) == [1, 2, 3]
+    # Equal bounds: nearer the auto estimate, then fewer nodes.
+    flat = dict.fromkeys(range(1, 8), 1.0)
+    assert sweep_candidates(4, list(flat), 3, flat) == [3, 4, 5]
+
+
+def _notebooks_and_a_node_job() -> list[TraceRow]:
+    """40 notebooks at once (10 shared GPUs) and an 8-GPU job."""
+    return [
+        TraceRow(i, 0.0, "algo-team", "notebook", "nb", 1, 8 * HOUR, Decimal(10 * 2**30), busy=0.1)
+        for i in range(40)
+    ] + [TraceRow(40, 0.0, "data-team", "training-job", "big", 8, 8 * HOUR, Decimal(60 * 2**30))]
+
+
+def test_a_sized_strategy_sweeps_around_its_auto_estimate() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    rows = _notebooks_and_a_node_job()
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    auto = planned.layout.mps_nodes
+    assert auto is not None
+    counts = split_candidates(planned, rows, 3)
+    assert auto in counts and len(counts) == 3 and max(counts) <= 7
+    split = split_plan(planned, counts[0])
+    assert split.strategy.name == f"default-policy@{counts[0]}"
+    assert split.layout.mps_nodes == counts[0]
+    assert split.decisions is planned.decisions
+    # A strategy that shares nothing has no split to sweep.
+    free = plan_strategy(strategies["no-governance"], Layout(), rows, default_namespaces())
+    assert split_candidates(free, rows, 3) == []
+
+
+def test_a_sized_split_gives_way_only_to_one_that_leaves_clearly_more_reachable() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    rows = _notebooks_and_a_node_job()
+    planned = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    auto = planned.layout.mps_nodes
+    assert auto == 2  # 40 slices: 10 GPUs, two 8-GPU nodes
+
+    def bounds(table: dict[int, float]) -> Callable[[int], float]:
+        return lambda n: table.get(n, 0.0)
+
+    # 3 nodes leave 5% more reachable: the plan takes it and says why.
+    settled = settle_split(planned, rows, bounds({2: 1000.0, 3: 1050.0}))
+    assert settled.layout.mps_nodes == 3
+    assert settled.notes[-1].startswith(
+        "MPS nodes: 3, not 2: any scheduler delivers at most 1,050 GPU-hours with 3, 1,000 with 2"
+    )
+    # Within 2%: the sized split stays, its plan unchanged.
+    assert settle_split(planned, rows, bounds({2: 1000.0, 3: 1015.0})) is planned
+    # A tenant-queue variant keeps the split its quotas were made for.
+    queued = replace(planned, strategy=replace(planned.strategy, mps_nodes=2))
+    assert settle_split(queued, rows, bounds({2: 1000.0, 3: 2000.0})) is queued
+
+
+def test_long_node_lists_probe_a_spread_of_counts_and_the_auto_neighbourhood() -> None:
+    assert probe_counts([1, 2, 3], 2) == [1, 2, 3]
+    probed = probe_counts(list(range(1, 1213)), 600, most=16)
+    assert len(probed) <= 19 and {1, 599, 600, 601, 1212} <= set(probed)

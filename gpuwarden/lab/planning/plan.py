@@ -10,16 +10,19 @@ tenant's live pods, so the replay validates each pod again, against them, when i
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
 from gpuwarden.lab.planning.sizing import (
+    probe_counts,
     shared_demand,
     shared_gpu_hours,
     size_mps_nodes,
+    sweep_candidates,
     whole_demand,
+    whole_node_counts,
 )
 from gpuwarden.lab.planning.strategies import Layout, Strategy
 from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet, admit
@@ -28,6 +31,9 @@ from gpuwarden.policy.pod.record import IdleRecord
 from gpuwarden.policy.pod.record import PodRecord as DecisionRecord
 from gpuwarden.policy.render.objects import render
 from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
+
+#: A swept strategy's name is ``<strategy>@<MPS nodes>``.
+SPLIT_MARK = "@"
 
 
 @dataclass(frozen=True)
@@ -143,3 +149,72 @@ def idle_stop_rules(plan: StrategyPlan, rows: Sequence[TraceRow]) -> dict[int, I
         if rule is not None and rule.action == "stop":
             out[row.row] = rule
     return out
+
+
+def split_candidates(
+    planned: StrategyPlan,
+    rows: Sequence[TraceRow],
+    size: int,
+    reachable: Callable[[int], float] | None = None,
+) -> list[int]:
+    """The MPS node counts a sweep of the pool split replays for a strategy whose layout was
+    sized (``--mps-nodes auto``), of those that leave the largest whole-GPU pod a node's worth
+    of whole GPUs: the auto estimate and the ``size - 1`` others that leave the most work
+    reachable (``reachable``: a count's split bound), or nearest it (none for a strategy that
+    shares nothing)."""
+    if not planned.strategy.shares or planned.layout.mps_nodes is None:
+        return []
+    counts = whole_node_counts(
+        planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
+    )
+    auto = planned.layout.mps_nodes
+    bounds = (
+        {n: reachable(n) for n in probe_counts(counts, auto)} if reachable is not None else None
+    )
+    return sweep_candidates(auto, counts, size, bounds)
+
+
+#: A sized split gives way to one whose split bound is higher by more than this share.
+REACHABLE_MARGIN = 0.02
+
+
+def settle_split(
+    planned: StrategyPlan, rows: Sequence[TraceRow], reachable: Callable[[int], float]
+) -> StrategyPlan:
+    """The strategy's plan with the MPS node count its sizing gave (``--mps-nodes auto``), or,
+    where another count's split bound (``reachable``: the most work any scheduler could deliver
+    with the pools split so, GPU-hours) is higher by more than :data:`REACHABLE_MARGIN`, that
+    count: a rule of thumb never leaves clearly less work reachable than the trace allows.
+    Tenant-queue variants keep the split their quotas were made for."""
+    auto = planned.layout.mps_nodes
+    if not planned.strategy.shares or planned.strategy.mps_nodes is not None or not auto:
+        return planned
+    counts = whole_node_counts(
+        planned.layout.mps_candidates, whole_demand(rows, planned.decisions).largest
+    )
+    bounds = {n: reachable(n) for n in {*probe_counts(counts, auto), auto}}
+    best = max(bounds, key=lambda n: (bounds[n], -abs(n - auto), -n))
+    if bounds[best] <= bounds[auto] * (1 + REACHABLE_MARGIN):
+        return planned
+    note = (
+        f"MPS nodes: {best}, not {auto}: any scheduler delivers at most {bounds[best]:,.0f} "
+        f"GPU-hours with {best}, {bounds[auto]:,.0f} with {auto} (the split bound: services only "
+        f"within their windows; see --mps-nodes sweep)"
+    )
+    return replace(
+        planned,
+        layout=replace(planned.layout, mps_nodes=best),
+        notes=(*planned.notes, note),
+    )
+
+
+def split_plan(planned: StrategyPlan, mps_nodes: int) -> StrategyPlan:
+    """The strategy's plan with ``mps_nodes`` MPS nodes instead of those it was sized to, named
+    ``<strategy>@<nodes>`` (its rows' decisions do not depend on the split)."""
+    auto = planned.layout.mps_nodes
+    return replace(
+        planned,
+        strategy=replace(planned.strategy, name=f"{planned.strategy.name}{SPLIT_MARK}{mps_nodes}"),
+        layout=replace(planned.layout, mps_nodes=mps_nodes),
+        notes=(f"MPS nodes: {mps_nodes}, a split of the sweep (auto: {auto})",),
+    )

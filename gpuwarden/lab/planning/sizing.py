@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow
@@ -72,6 +73,14 @@ def whole_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -
     )
 
 
+def slice_speed(row: TraceRow, pod: Mapping[str, Any]) -> float:
+    """The speed a batch row's pod works at on its MPS slice, under its thread percentage (1: a
+    service, or a cap above its busy share)."""
+    cap = mps_sm_share(pod)
+    speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
+    return max(speed, 1e-3)
+
+
 def shared_gpu_hours(
     rows: Sequence[TraceRow], decisions: Mapping[int, Admission], replicas: int
 ) -> float:
@@ -87,9 +96,7 @@ def shared_gpu_hours(
         _, slices = pod_devices(decision.pod)
         if not slices:
             continue
-        cap = mps_sm_share(decision.pod)
-        speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
-        held += slices * row.duration / max(speed, 1e-3)
+        held += slices * row.duration / slice_speed(row, decision.pod)
     return held / 3600 / replicas
 
 
@@ -140,9 +147,7 @@ def size_mps_nodes(
             f"MPS nodes: all {len(node_gpus):,}, {total:,} GPUs (no pod asks whole GPUs; {asked})",
         )
     # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
-    allowed = [
-        n for n in range(1, len(node_gpus)) if total - cumulative[n - 1] >= whole.largest
-    ] or [1]
+    allowed = whole_node_counts(node_gpus, whole.largest)
     fits = slices / replicas + whole.peak <= total
     if fits:
         target: float = total - whole.peak
@@ -174,3 +179,43 @@ def shared_slice_hours(
         if row.at < horizon:
             out[row.namespace] = out.get(row.namespace, 0.0) + slices * row.duration / 3600
     return out
+
+
+def whole_node_counts(node_gpus: Sequence[int], largest_whole: int) -> list[int]:
+    """The MPS node counts (the first nodes in ``node_gpus``' order) that leave at least one
+    node whole and, of the nodes left whole, GPUs enough for the largest whole-GPU pod; with
+    no whole-GPU pod (``largest_whole`` 0), every count from 1 to all of them."""
+    if not node_gpus:
+        return []
+    if not largest_whole:
+        return list(range(1, len(node_gpus) + 1))
+    total = sum(node_gpus)
+    counts = [n for n in range(1, len(node_gpus)) if total - sum(node_gpus[:n]) >= largest_whole]
+    return counts or [1]
+
+
+def sweep_candidates(
+    auto: int, counts: Sequence[int], size: int, reachable: Mapping[int, float] | None = None
+) -> list[int]:
+    """``size`` MPS node counts of ``counts`` to replay, in increasing order: the auto estimate
+    and, where ``reachable`` gives each count's split bound (the most work any scheduler could
+    deliver with the pools split so), the counts that leave the most work reachable; else its
+    neighbours on both sides (on one side at an end). Nearer ``auto`` first, then fewer nodes,
+    where two are as good."""
+    pool = set(counts)
+    chosen = [auto] if auto in pool else []
+    left = sorted(
+        pool - {auto},
+        key=lambda n: (-reachable.get(n, 0.0) if reachable else 0.0, abs(n - auto), n),
+    )
+    return sorted(chosen + left[: max(size, 1) - len(chosen)])
+
+
+def probe_counts(counts: Sequence[int], auto: int, most: int = 16) -> list[int]:
+    """The counts whose split bound is worth computing: all of them, or on a long node list
+    ``most`` spread evenly over them with the auto estimate and its neighbours."""
+    if len(counts) <= most:
+        return list(counts)
+    step = (len(counts) - 1) / (most - 1)
+    spread = {counts[round(i * step)] for i in range(most)}
+    return sorted(spread | {n for n in counts if abs(n - auto) <= 1})
