@@ -171,17 +171,18 @@ def test_the_oversubscribed_week_sweeps_the_auto_split_and_the_two_that_leave_mo
 
     assert planned.layout.mps_nodes == 4
     # Of the 20,196 GPU-hours offered (the work ceiling), 4 MPS nodes leave about 86%
-    # reachable, 5 about 92%, 6 about 91.5%: no split leaves 95%.
-    assert [round(reachable(n) / 20_196, 2) for n in (3, 4, 5, 6, 7)] == [
-        0.76,
-        0.86,
-        0.92,
-        0.91,
-        0.88,
+    # reachable, 5 about 92.2%, 6 about 91.5%: no split leaves 95% (the notebooks' idle tails
+    # deliver no work, so they do not count).
+    assert [round(reachable(n) / 20_196, 3) for n in (3, 4, 5, 6, 7)] == [
+        0.762,
+        0.859,
+        0.922,
+        0.915,
+        0.876,
     ]
     assert split_candidates(planned, rows, 3, reachable) == [4, 5, 6]
     assert split_candidates(planned, rows, 3) == [3, 4, 5]
     # --mps-nodes auto settles on 5: 7% more work reachable than the 4 its sizing gave.
     settled = settle_split(planned, rows, reachable)
     assert settled.layout.mps_nodes == 5
-    assert "MPS nodes: 5, not 4: any scheduler delivers at most 18,608" in settled.notes[-1]
+    assert "MPS nodes: 5, not 4: any scheduler delivers at most 18,624" in settled.notes[-1]

@@ -293,7 +293,7 @@ def split_bound(
 ) -> float:
     """GPU-hours: the most work any scheduler could deliver with ``mps_gpus`` of the ``gpus``
     shared ``replicas`` ways and the rest whole, each pool on its own. A service (a notebook, a
-    predictor) delivers only from its arrival to its end, so in each pool services deliver at
+    predictor) delivers only from its arrival to its end (a notebook's idle tail excluded), so in each pool services deliver at
     most what its devices hold of them at each moment; batch work, which can wait, at most the
     pool's fluid bound (:func:`fluid_ceiling`, a slice counted as its share of a GPU for as long
     as its thread cap makes the work take)."""
@@ -306,7 +306,8 @@ def split_bound(
         whole, slices = pod_devices(decision.pod)
         if not (whole or slices):
             continue
-        within = min(row.duration, horizon - row.at)
+        # A notebook's idle tail delivers no work (and an idle rule may give its GPU back).
+        within = min(row.work_duration, horizon - row.at)
         if not row.batch:
             services[bool(slices)].append((row.at, row.at + within, row.gpus, slices or whole))
             continue
