@@ -542,7 +542,7 @@ def _waits_by(
     return out
 
 
-def _duration(seconds: float | int | None) -> str:
+def format_duration(seconds: float | int | None) -> str:
     """Minutes under an hour, hours above (simulated time)."""
     if seconds is None:
         return "-"
@@ -572,12 +572,13 @@ def load_line(load: TraceLoad) -> str:
     )
 
 
-def _share(value: float | None) -> str:
+def format_share(value: float | None) -> str:
+    """A share as a whole percentage, ``-`` where there is none."""
     return "-" if value is None else f"{value:.0%}"
 
 
 def _percentiles(waits: Mapping[str, float | int | None]) -> str:
-    return " / ".join(_duration(waits.get(p)) for p in ("p50", "p95", "p99"))
+    return " / ".join(format_duration(waits.get(p)) for p in ("p50", "p95", "p99"))
 
 
 def _wait_cell(report: StrategyReport, namespace: str) -> str:
@@ -662,11 +663,11 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
         lines.append(
             f"{r.strategy:<{width}} {f'{r.delivered_gpu_hours:,.0f} ({delivered:.0%})':>15} "
             f"{f'{r.jobs_completed}/{r.jobs}':>10} {r.gpu_busy_average:>8.0%} "
-            f"{r.gpu_busy_useful:>13.0%} {r.gpu_busy_redone:>6.1%} {_share(work):>15} "
-            f"{_share(busy):>15} "
-            f"{r.average_allocation:>5.0%} {peak:>5.0%} {_share(r.memory_used_share):>8} "
+            f"{r.gpu_busy_useful:>13.0%} {r.gpu_busy_redone:>6.1%} {format_share(work):>15} "
+            f"{format_share(busy):>15} "
+            f"{r.average_allocation:>5.0%} {peak:>5.0%} {format_share(r.memory_used_share):>8} "
             f"{r.preemptions:>9} {r.lost_gpu_hours:>10,.0f} "
-            f"{_share(r.degraded_service_share):>8} {r.never_placed:>12} {r.refused:>7}"
+            f"{format_share(r.degraded_service_share):>8} {r.never_placed:>12} {r.refused:>7}"
         )
     namespaces = sorted({ns for r in reports for ns in (*r.waits, *r.tenants)})
     lines.append("")
@@ -692,7 +693,7 @@ def table(reports: Sequence[StrategyReport], load: TraceLoad | None = None) -> s
     for r in reports:
         lines.append(
             f"note: {r.strategy}: waits are resolved to about "
-            f"{_duration(r.wait_resolution)} in this run (p95 of pods bound at their first try)"
+            f"{format_duration(r.wait_resolution)} in this run (p95 of pods bound at their first try)"
         )
     for r in reports:
         for note in (*r.notes, *(f"refused: {text}" for text in r.refusals[:3])):

@@ -21,9 +21,9 @@ from gpuwarden.lab.reporting.report import (
     INTERACTIVE_KINDS,
     StrategyReport,
     TraceLoad,
-    _duration,
-    _share,
     fluid_ceiling,
+    format_duration,
+    format_share,
 )
 from gpuwarden.policy import Admission
 
@@ -116,7 +116,7 @@ def worst_tenant(
 def failed_bars(figures: SplitFigures, baseline: Mapping[str, float] | None) -> list[str]:
     """The bars the split misses, each a short phrase naming the figure."""
     failed = [
-        f"{kind} p95 {_duration(p95)}"
+        f"{kind} p95 {format_duration(p95)}"
         for kind, p95 in figures.waits.items()
         if p95 is not None and p95 > INTERACTIVE_P95
     ]
@@ -151,7 +151,7 @@ def recommend(
     verdict = "meets every bar" if not failed else f"misses the fewest bars ({'; '.join(failed)})"
     reason = (
         f"{best.mps_nodes} MPS nodes ({best.mps_gpus} GPUs): {verdict} and delivers "
-        f"{best.delivered:,.0f} GPU-hours ({_share(best.work_share)} of the work ceiling)"
+        f"{best.delivered:,.0f} GPU-hours ({format_share(best.work_share)} of the work ceiling)"
     )
     near = [s for s in rest if abs(s.delivered - best.delivered) <= NOISE * best.delivered]
     if near:
@@ -193,10 +193,10 @@ def sweep_table(
         failed = failed_bars(s, baseline)
         mark = "*" if s.mps_nodes == auto else " "
         lines.append(
-            f"{f'{s.mps_nodes}{mark}':>9} {s.mps_gpus:>4} {_share(s.bound_share):>11} "
+            f"{f'{s.mps_nodes}{mark}':>9} {s.mps_gpus:>4} {format_share(s.bound_share):>11} "
             f"{s.delivered:>15,.0f} "
-            f"{_share(s.work_share):>15} {_share(s.busy_share):>15} {s.lost:>10,.0f} "
-            + " ".join(f"{_duration(s.waits.get(k)):>20}" for k in kinds)
+            f"{format_share(s.work_share):>15} {format_share(s.busy_share):>15} {s.lost:>10,.0f} "
+            + " ".join(f"{format_duration(s.waits.get(k)):>20}" for k in kinds)
             + f" {worst_cell:>28} {s.never_placed:>12} {s.refused:>7}  "
             + ("; ".join(failed) or "none")
         )
