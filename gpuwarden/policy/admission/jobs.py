@@ -24,7 +24,7 @@ from gpuwarden.policy.admission.decision import (
 )
 from gpuwarden.policy.admission.patch import escape, pointer
 from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
-from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch
+from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch, value_at
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
@@ -71,7 +71,7 @@ def template_patch(
     stands for) and spec, with the objects they need created first, and none on the fields the
     controller writes itself (name, namespace, its labels)."""
     base = pointer(list(path))
-    ops = [op for op in pod_patch if op["path"] not in _CONTROLLER_FIELDS]
+    ops = _own(pod_patch)
     if not ops:
         return []
     meta = template.get("metadata")
@@ -100,26 +100,12 @@ def template_patch(
         if (
             parent != where
             and not any(parent == m or parent.startswith(f"{m}/") for m in made)
-            and _at_pointer(template, parent) is None
+            and value_at(template, parent) is None
         ):
             op = {"op": "add", "path": parent, "value": [op["value"]]}
         made.add(op["path"])
         moved.append({**op, "path": base + op["path"]})
     return parents + moved
-
-
-def _at_pointer(document: Mapping[str, Any], where: str) -> Any:
-    """The value at a JSON Pointer into ``document``, or None where it is absent."""
-    node: Any = document
-    for token in where.split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, Mapping):
-            node = node.get(token)
-        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
-            node = node[int(token)]
-        else:
-            return None
-    return node
 
 
 def _own(pod_patch: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -31,6 +31,12 @@ def _resolve(document: Any, tokens: Sequence[str]) -> Any:
     return document
 
 
+def value_at(document: Any, where: str) -> Any:
+    """The value at a JSON Pointer into ``document``, or None where it is absent."""
+    found = _resolve(document, _tokens(where))
+    return None if found is _MISSING else found
+
+
 def twin_of(twins: Sequence[tuple[str, str]], path: str) -> str | None:
     """The job's JSON pointer that holds the pod's field at ``path``, or None."""
     found = [(pod, job) for pod, job in twins if path == pod or path.startswith(pod + "/")]
