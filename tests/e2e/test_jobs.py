@@ -52,10 +52,13 @@ def pytorchjob_crd() -> Obj:
     return keeping_crd("PyTorchJob", PLURAL, VERSION)
 
 
-def keeping_crd(kind: str, plural: str, version: str, group: str = GROUP) -> Obj:
+def keeping_crd(kind: str, plural: str, versions: str | Sequence[str], group: str = GROUP) -> Obj:
     """A structural CRD of ``kind`` (a kubeflow.org one by default) whose spec and status keep
-    any fields."""
+    any fields, served at each of ``versions``; the last is stored (no conversion: the fields
+    are the same in each)."""
+    served = (versions,) if isinstance(versions, str) else tuple(versions)
     keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    schema = {"openAPIV3Schema": {"type": "object", "properties": {"spec": keep, "status": keep}}}
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -73,15 +76,11 @@ def keeping_crd(kind: str, plural: str, version: str, group: str = GROUP) -> Obj
                 {
                     "name": version,
                     "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {"spec": keep, "status": keep},
-                        }
-                    },
+                    "storage": version == served[-1],
+                    "schema": schema,
                     "subresources": {"status": {}},
                 }
+                for version in served
             ],
         },
     }

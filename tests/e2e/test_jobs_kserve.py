@@ -34,7 +34,7 @@ from gpuwarden.lab.cluster.webhookstack import (
 from gpuwarden.policy.render.scope import job_needs_review
 
 from .controlplane import REPO_ROOT
-from .test_jobs import predicted
+from .test_jobs import keeping_crd, predicted
 from .webhook import api_error, serve_crd
 
 GROUP = "serving.kserve.io"
@@ -43,38 +43,6 @@ LLMISVC = ("v1alpha2", "llminferenceservices")
 ISVC_FILE = REPO_ROOT / "examples" / "jobs" / "inferenceservice.yaml"
 LLMISVC_FILE = REPO_ROOT / "examples" / "jobs" / "llminferenceservice.yaml"
 GITOPS_POLICY = Path(__file__).parent / "policies" / "01-e2e-gitops.yaml"
-
-
-def keeping_crd(kind: str, plural: str, versions: Sequence[str]) -> Obj:
-    """A structural serving.kserve.io CRD of ``kind`` whose spec and status keep any fields; the
-    last version is stored (no conversion: the fields are the same in each)."""
-    keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    schema = {"openAPIV3Schema": {"type": "object", "properties": {"spec": keep, "status": keep}}}
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": kind,
-                "listKind": f"{kind}List",
-                "plural": plural,
-                "singular": kind.lower(),
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": version == versions[-1],
-                    "schema": schema,
-                    "subresources": {"status": {}},
-                }
-                for version in versions
-            ],
-        },
-    }
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +55,8 @@ def kserve(gpuwarden: WebhookStack) -> Iterator[k8s_client.CustomObjectsApi]:
     """The InferenceService and LLMInferenceService CRDs, established and served."""
     extensions = k8s_client.ApiextensionsV1Api(gpuwarden.api)
     crds = (
-        keeping_crd("InferenceService", ISVC[1], ("v1beta1",)),
-        keeping_crd("LLMInferenceService", LLMISVC[1], ("v1alpha1", "v1alpha2")),
+        keeping_crd("InferenceService", ISVC[1], "v1beta1", GROUP),
+        keeping_crd("LLMInferenceService", LLMISVC[1], ("v1alpha1", "v1alpha2"), GROUP),
     )
     for crd in crds:
         objects = serve_crd(gpuwarden.api, crd)
