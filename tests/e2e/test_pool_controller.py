@@ -9,7 +9,6 @@ a user bound to the chart's ClusterRole and nothing else; the test reads the sto
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import subprocess
@@ -22,7 +21,6 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s_client
-from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.lab.cluster.gpuwardenserver import wait_for
 from gpuwarden.lab.cluster.webhookstack import RELEASE_NAME, render_chart
@@ -56,31 +54,6 @@ POLICY = {
 }
 
 
-@contextlib.contextmanager
-def _as_chart_role(plane: ControlPlane, role: dict[str, Any], path: Path) -> Iterator[Path]:
-    """A kubeconfig for USER, bound to (a copy of) the chart's pool-controller ClusterRole."""
-    api = plane.api_client()
-    rbac: Any = k8s_client.RbacAuthorizationV1Api(api)
-    name = f"{USER}-{RUN}"
-    group = "rbac.authorization.k8s.io"
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": role["rules"]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": group, "kind": "User", "name": USER}],
-        }
-    )
-    try:
-        yield plane.write_kubeconfig_for(path, USER)
-    finally:
-        with contextlib.suppress(ApiException):
-            rbac.delete_cluster_role_binding(name)
-        with contextlib.suppress(ApiException):
-            rbac.delete_cluster_role(name)
-        api.close()  # type: ignore[no-untyped-call]
-
-
 @pytest.fixture(scope="module")
 def controller(
     control_plane: ControlPlane, e2e_tools: Tools, tmp_path_factory: pytest.TempPathFactory
@@ -110,10 +83,8 @@ def controller(
     ]
     assert args[0] == "pool-controller" and "--interval=0.5" in args
     log = workdir / "controller.log"
-    with (
-        _as_chart_role(control_plane, role, workdir / "kubeconfig") as kubeconfig,
-        log.open("w") as out,
-    ):
+    with control_plane.client_as(USER, role["rules"]), log.open("w") as out:
+        kubeconfig = control_plane.write_kubeconfig_for(workdir / "kubeconfig", USER)
         process = subprocess.Popen(
             [sys.executable, "-m", "gpuwarden", *args, f"--kubeconfig={kubeconfig}"],
             stdout=out,
@@ -130,7 +101,7 @@ def controller(
 
 
 def _node(api: k8s_client.ApiClient, name: str, config: str, gpus: int) -> None:
-    core = k8s_client.CoreV1Api(api)
+    core: Any = k8s_client.CoreV1Api(api)
     labels = {CONFIG: config, "nvidia.com/gpu.count": str(gpus), SELECTOR: RUN}
     core.create_node({"metadata": {"name": name, "labels": labels}})
     resources = {"nvidia.com/gpu": str(gpus)} if config == "whole" else {SHARED: str(gpus * 4)}
@@ -148,7 +119,7 @@ def _pod(
     }
     if node is not None:
         spec["nodeName"] = node
-    core = k8s_client.CoreV1Api(api)
+    core: Any = k8s_client.CoreV1Api(api)
     core.create_namespaced_pod(namespace, {"metadata": {"name": name}, "spec": spec})
     if node is None:  # what kube-scheduler writes when no node fits
         condition = {
@@ -164,8 +135,9 @@ def _pod(
 
 
 def _stored(api: k8s_client.ApiClient, name: str) -> dict[str, Any]:
-    node: dict[str, Any] = api.sanitize_for_serialization(k8s_client.CoreV1Api(api).read_node(name))
-    return node
+    node = k8s_client.CoreV1Api(api).read_node(name)
+    stored: dict[str, Any] = api.sanitize_for_serialization(node)  # type: ignore[no-untyped-call]
+    return stored
 
 
 def _actions(log: Path) -> list[dict[str, Any]]:

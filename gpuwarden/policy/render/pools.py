@@ -16,7 +16,7 @@ for, plus ``sharedHeadroom``; the whole pool gets every other node.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -295,9 +295,25 @@ class _Pools:
         return node.gpus * self.settings.replicas
 
 
-def _size_key(gpus: int, fits: bool) -> tuple[int, int]:
-    """The smallest node that covers what is missing, else the largest."""
-    return (0, gpus) if fits else (1, -gpus)
+def _first_to_move(
+    candidates: Iterable[PoolNode],
+    held: Callable[[PoolNode], int],
+    size: Callable[[PoolNode], int],
+    missing: int,
+) -> PoolNode:
+    """Empty nodes first (they move at once), then those already draining, then the one that
+    holds least; among equals the smallest whose ``size`` covers what is missing, else the
+    largest."""
+    return min(
+        candidates,
+        key=lambda n: (
+            not n.empty,
+            n.target is None,
+            held(n),
+            (0, n.gpus) if size(n) >= missing else (1, -n.gpus),
+            n.name,
+        ),
+    )
 
 
 def plan(
@@ -374,16 +390,7 @@ def _grow(state: _Pools, candidates: list[PoolNode]) -> list[tuple[PoolNode, str
         else:
             break
         missing = target - capacity
-        node = min(
-            candidates,
-            key=lambda n: (
-                not n.empty,
-                n.target is None,
-                n.held_gpus,
-                _size_key(n.gpus, state.cap(n) >= missing),
-                n.name,
-            ),
-        )
+        node = _first_to_move(candidates, lambda n: n.held_gpus, state.cap, missing)
         candidates.remove(node)
         state.whole.remove(node)
         state.shared.append(node)
@@ -416,16 +423,7 @@ def _shrink(
         if not eligible:
             break
         missing = waiting - incoming
-        node = min(
-            eligible,
-            key=lambda n: (
-                not n.empty,
-                n.target is None,
-                n.held_replicas,
-                _size_key(n.gpus, n.gpus >= missing),
-                n.name,
-            ),
-        )
+        node = _first_to_move(eligible, lambda n: n.held_replicas, lambda n: n.gpus, missing)
         if floor:
             reason = (
                 f"the whole pool has {_plural(len(state.whole), 'node')}, fewer than "
