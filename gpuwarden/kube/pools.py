@@ -160,7 +160,10 @@ class PoolController:
             informer.start()
         while not self._stop.is_set():
             if all(informer.synced for informer in self.informers):
-                self.reconcile()
+                try:
+                    self.reconcile()
+                except Exception:  # a bug in one plan must not stop the controller
+                    log.exception("pool controller: planning failed; trying again")
             self._wake.wait(self._interval)
             self._wake.clear()
             self._stop.wait(min(self._interval, MAX_GAP))

@@ -171,9 +171,9 @@ def test_nodes_follow_shared_demand(
     assert not moved["spec"].get("unschedulable")
     assert _stored(api_client, busy)["metadata"]["labels"][CONFIG] == "whole"
 
-    # More shared demand than both MPS nodes hold (4 + 32 replicas): the busy whole node is
-    # cordoned toward the MPS config and keeps its config while its GPU pod runs.
-    _pod(api_client, namespace, SHARED, 33)
+    # More shared demand than both MPS nodes hold (4 + 32 replicas for 4 + 1 + 32): the busy
+    # whole node is cordoned toward the MPS config and keeps its config while its GPU pod runs.
+    _pod(api_client, namespace, SHARED, 32)
     draining = wait_for(
         f"{busy} cordoned",
         lambda: (node := _stored(api_client, busy))["spec"].get("unschedulable") and node,

@@ -336,3 +336,10 @@ def test_a_moved_at_it_cannot_read_or_without_zone(raw: str) -> None:
     found = moves(plan(settings(), [odd, busy], whole(1), NOW))
     # Unreadable: as if it never moved. Without a zone: UTC, one second ago, so held.
     assert found == ([("s", "finished", "whole")] if raw == "yesterday" else [])
+
+
+def test_a_pod_no_node_could_hold_moves_nothing() -> None:
+    nodes = [node("s", "mps", 2, held_replicas=8), node("w", "whole", 4)]
+    # 17 replicas: more than any node offers (4 GPUs x 4); 5 GPUs: more than any node has.
+    assert plan(settings(), nodes, [Ask(0, 17), Ask(5, 0)], NOW) == []
+    assert moves(plan(settings(), nodes, [Ask(0, 16)], NOW)) == [("w", "finished", "mps")]

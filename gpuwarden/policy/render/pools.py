@@ -349,6 +349,14 @@ def plan(
         moved = _moved_at(node)
         return moved is None or (now - moved).total_seconds() >= pools.hold_seconds
 
+    # A pod that no node could hold whatever its pool (more GPUs, or more replicas, than the
+    # largest node has) waits for no move: counting it would drain nodes for nothing.
+    largest = max((node.gpus for node in managed), default=0)
+    pending = [
+        ask
+        for ask in pending
+        if ask.whole <= largest and ask.replicas <= largest * settings.replicas
+    ]
     state = _Pools(
         settings,
         shared=[n for n in managed if n.labels[pools.config_label] == pools.shared_config],
@@ -405,7 +413,7 @@ def _shrink(
     under its floor), each only if the shared pool still covers its demand without it."""
     pools = state.settings.pools
     asks = [ask.whole for ask in pending if ask.whole]
-    waiting = sum(asks)
+    waiting, smallest = sum(asks), min(asks, default=0)
     incoming = 0
     chosen: list[tuple[PoolNode, str]] = []
     while candidates and len(state.shared) > pools.min_shared_nodes:
@@ -417,8 +425,7 @@ def _shrink(
         eligible = [
             n
             for n in candidates
-            if floor
-            or (n.gpus >= min(asks) and capacity - state.cap(n) >= target - n.held_replicas)
+            if floor or (n.gpus >= smallest and capacity - state.cap(n) >= target - n.held_replicas)
         ]
         if not eligible:
             break
