@@ -104,8 +104,15 @@ def _node(api: k8s_client.ApiClient, name: str, config: str, gpus: int) -> None:
     core: Any = k8s_client.CoreV1Api(api)
     labels = {CONFIG: config, "nvidia.com/gpu.count": str(gpus), SELECTOR: RUN}
     core.create_node({"metadata": {"name": name, "labels": labels}})
-    resources = {"nvidia.com/gpu": str(gpus)} if config == "whole" else {SHARED: str(gpus * 4)}
-    core.patch_node_status(name, {"status": {"capacity": resources, "allocatable": resources}})
+    _advertise(api, name, config, gpus)
+
+
+def _advertise(api: k8s_client.ApiClient, name: str, config: str, gpus: int) -> None:
+    """The node's status as the kubelet writes it once the device plugin runs ``config``."""
+    whole = gpus if config == "whole" else 0
+    resources = {"nvidia.com/gpu": str(whole), SHARED: str(gpus * 4 - whole * 4)}
+    body = {"status": {"capacity": resources, "allocatable": resources}}
+    k8s_client.CoreV1Api(api).patch_node_status(name, body)
 
 
 def _pod(
@@ -140,9 +147,17 @@ def _stored(api: k8s_client.ApiClient, name: str) -> dict[str, Any]:
     return stored
 
 
+def _ready_once_advertised(api: k8s_client.ApiClient, name: str, gpus: int) -> None:
+    """Once the device plugin advertises the MPS config, the node is uncordoned, its target
+    annotation dropped."""
+    _advertise(api, name, "mps", gpus)
+    wait_for(f"{name} uncordoned", lambda: not _stored(api, name)["spec"].get("unschedulable"))
+    assert TARGET not in _stored(api, name)["metadata"]["annotations"]
+
+
 def _actions(log: Path) -> list[dict[str, Any]]:
     lines = (json.loads(line) for line in log.read_text().splitlines() if line.startswith("{"))
-    return [line for line in lines if str(line["msg"]).startswith("pool move")]
+    return [line for line in lines if str(line["msg"]).startswith("pool ")]
 
 
 def test_nodes_follow_shared_demand(
@@ -165,11 +180,13 @@ def test_nodes_follow_shared_demand(
         timeout=30,
     )
     annotations = moved["metadata"]["annotations"]
-    assert TARGET not in annotations
     stamp = datetime.datetime.fromisoformat(annotations[MOVED_AT])
     assert abs(datetime.datetime.now(datetime.UTC) - stamp) < datetime.timedelta(minutes=5)
-    assert not moved["spec"].get("unschedulable")
+    # Cordoned until the device plugin advertises the MPS config: no pod is bound to it
+    # against the old one meanwhile.
+    assert moved["spec"]["unschedulable"] and annotations[TARGET] == "mps"
     assert _stored(api_client, busy)["metadata"]["labels"][CONFIG] == "whole"
+    _ready_once_advertised(api_client, empty, 8)
 
     # More shared demand than both MPS nodes hold (4 + 32 replicas for 4 + 1 + 32): the busy
     # whole node is cordoned toward the MPS config and keeps its config while its GPU pod runs.
@@ -191,13 +208,14 @@ def test_nodes_follow_shared_demand(
         lambda: (node := _stored(api_client, busy))["metadata"]["labels"][CONFIG] == "mps" and node,
         timeout=30,
     )
-    assert not done["spec"].get("unschedulable")
-    assert TARGET not in done["metadata"]["annotations"]
-    assert MOVED_AT in done["metadata"]["annotations"]
+    assert done["spec"]["unschedulable"] and MOVED_AT in done["metadata"]["annotations"]
+    _ready_once_advertised(api_client, busy, 2)
 
     # One JSON line per action on stderr.
     assert [(a["msg"], a["node"], a["from"], a["to"]) for a in _actions(controller)] == [
         ("pool move finished", empty, "whole", "mps"),
+        ("pool node ready", empty, "mps", "mps"),
         ("pool move started", busy, "whole", "mps"),
         ("pool move finished", busy, "whole", "mps"),
+        ("pool node ready", busy, "mps", "mps"),
     ]
