@@ -165,9 +165,10 @@ class PoolController:
                     self.reconcile()
                 except Exception:  # a bug in one plan must not stop the controller
                     log.exception("pool controller: planning failed; trying again")
-            self._wake.wait(self._interval)
+            gap = min(self._interval, MAX_GAP)
+            self._stop.wait(gap)
+            self._wake.wait(self._interval - gap)
             self._wake.clear()
-            self._stop.wait(min(self._interval, MAX_GAP))
 
     def stop(self) -> None:
         self._stop.set()
