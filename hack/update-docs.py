@@ -186,9 +186,7 @@ def command_output(command: str) -> str:
 
 def with_outputs(text: str) -> str:
     """Markdown ``text`` with every marked output block generated anew."""
-    return OUTPUT_BLOCK.sub(
-        lambda m: m["head"] + command_output(m["command"]) + m["tail"], text
-    )
+    return OUTPUT_BLOCK.sub(lambda m: m["head"] + command_output(m["command"]) + m["tail"], text)
 
 
 def main() -> int:
