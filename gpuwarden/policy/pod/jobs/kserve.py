@@ -73,6 +73,7 @@ from gpuwarden.policy.pod.jobs.base import (
     name_of,
     whole_number,
 )
+from gpuwarden.policy.pod.pointer import pointer
 
 GROUP = "serving.kserve.io"
 # pkg/constants/constants.go
@@ -181,14 +182,6 @@ CONTROLLER_LABELS = (
 )
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _pointer(path: tuple[str, ...]) -> str:
-    return "".join(f"/{_escape(p)}" for p in path)
-
-
 def _string_map(value: Any) -> dict[str, str]:
     return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
 
@@ -220,8 +213,8 @@ def deployment_mode(job: Mapping[str, Any]) -> str:
 
 def _metadata_twins(meta: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return (
-        ("/metadata/labels", _pointer((*meta, "labels"))),
-        ("/metadata/annotations", _pointer((*meta, "annotations"))),
+        ("/metadata/labels", pointer((*meta, "labels"))),
+        ("/metadata/annotations", pointer((*meta, "annotations"))),
     )
 
 
@@ -312,14 +305,14 @@ class InferenceServiceKind(JobKind):
                 ),
             )
             pod_spec["containers"] = [container, *(inline[i] for i in order)]
-            twins.append(("/spec/containers/0", _pointer((*base, model))))
+            twins.append(("/spec/containers/0", pointer((*base, model))))
             twins += [
-                (f"/spec/containers/{k + 1}", _pointer((*base, "containers", str(i))))
+                (f"/spec/containers/{k + 1}", pointer((*base, "containers", str(i))))
                 for k, i in enumerate(order)
             ]
         elif inline and isinstance(inline[0], Mapping):
             pod_spec["containers"] = [_default_name(name, inline), *inline[1:]]
-        twins.append(("/spec", _pointer(base)))
+        twins.append(("/spec", pointer(base)))
         labels = self._labels_and_annotations(job, component)
         template = {"metadata": labels, "spec": pod_spec}
         return ReplicaTemplate(
@@ -331,7 +324,7 @@ class InferenceServiceKind(JobKind):
         predictor = job["spec"]["predictor"]
         pod_spec = {k: v for k, v in worker.items() if k not in _COMPONENT_OWN_FIELDS}
         template = {"metadata": self._labels_and_annotations(job, predictor), "spec": pod_spec}
-        twins = (*_metadata_twins(("spec", "predictor")), ("/spec", _pointer(base)))
+        twins = (*_metadata_twins(("spec", "predictor")), ("/spec", pointer(base)))
         return ReplicaTemplate(WORKER, base, template, None, 1, twins=twins)
 
     def labels(self, job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
@@ -414,7 +407,7 @@ class LLMInferenceServiceKind(JobKind):
                 where = ".".join((*base, field))
                 pod_spec = _object(where, workload[field])
                 template = {"metadata": self._metadata(job, workload), "spec": dict(pod_spec)}
-                twins = (*_metadata_twins(base), ("/spec", _pointer((*base, field))))
+                twins = (*_metadata_twins(base), ("/spec", pointer((*base, field))))
                 replicas = whole_number(workload.get("replicas", 1))
                 # main, leader, worker; prefill, prefill-leader, prefill-worker
                 replica = name if not prefix else prefix if name == "main" else f"{prefix}-{name}"
