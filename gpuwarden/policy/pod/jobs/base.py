@@ -61,9 +61,20 @@ class TemplateSite:
     meta: tuple[str, ...] = ()
 
 
-def name_of(obj: Mapping[str, Any]) -> str:
+def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's metadata, empty where it has none (or it is not a map)."""
     meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def string_map(value: Any) -> dict[str, str]:
+    """A map of labels or annotations with its keys and values as strings, empty where
+    ``value`` is not a map."""
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    name = metadata_of(obj).get("name")
     return name if isinstance(name, str) else ""
 
 

@@ -70,7 +70,9 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
     name_of,
+    string_map,
     whole_number,
 )
 from gpuwarden.policy.pod.pointer import pointer
@@ -182,10 +184,6 @@ CONTROLLER_LABELS = (
 )
 
 
-def _string_map(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
-
-
 def _object(where: str, value: Any) -> Mapping[str, Any]:
     if not isinstance(value, Mapping):
         raise JobShapeError(f"{where} must be an object")
@@ -200,14 +198,9 @@ def _containers(where: str, value: Any) -> list[Any]:
     return value
 
 
-def _meta(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = job.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def deployment_mode(job: Mapping[str, Any]) -> str:
     """The InferenceService's deployment mode annotation, empty where it has none."""
-    mode = _string_map(_meta(job).get("annotations")).get(DEPLOYMENT_MODE, "")
+    mode = string_map(metadata_of(job).get("annotations")).get(DEPLOYMENT_MODE, "")
     return mode
 
 
@@ -269,12 +262,12 @@ class InferenceServiceKind(JobKind):
     def _labels_and_annotations(
         self, job: Mapping[str, Any], component: Mapping[str, Any]
     ) -> dict[str, Any]:
-        meta = _meta(job)
+        meta = metadata_of(job)
         annotations = {
-            **_string_map(meta.get("annotations")),
-            **_string_map(component.get("annotations")),
+            **string_map(meta.get("annotations")),
+            **string_map(component.get("annotations")),
         }
-        labels = {**_string_map(meta.get("labels")), **_string_map(component.get("labels"))}
+        labels = {**string_map(meta.get("labels")), **string_map(component.get("labels"))}
         found: dict[str, Any] = {"labels": labels}
         if annotations:
             found["annotations"] = annotations
@@ -417,21 +410,21 @@ class LLMInferenceServiceKind(JobKind):
         return tuple(found)
 
     def _metadata(self, job: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
-        meta = _meta(job)
+        meta = metadata_of(job)
         labels = {
             k: v
-            for k, v in _string_map(meta.get("labels")).items()
+            for k, v in string_map(meta.get("labels")).items()
             if k.startswith(_LLM_LABEL_PREFIXES)
         }
         annotations = {
             k: v
-            for k, v in _string_map(meta.get("annotations")).items()
+            for k, v in string_map(meta.get("annotations")).items()
             if k.startswith(_LLM_ANNOTATION_PREFIXES)
         }
-        labels |= _string_map(workload.get("labels"))
+        labels |= string_map(workload.get("labels"))
         annotations |= {
             k: v
-            for k, v in _string_map(workload.get("annotations")).items()
+            for k, v in string_map(workload.get("annotations")).items()
             if k != _LLM_ROUTING_ANNOTATION
         }
         found: dict[str, Any] = {"labels": labels}
