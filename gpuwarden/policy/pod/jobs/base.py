@@ -83,13 +83,19 @@ def whole_number(value: Any, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def object_at(where: str, value: Any) -> Mapping[str, Any]:
+    """``value`` checked to be an object, the error naming ``where``."""
+    if not isinstance(value, Mapping):
+        raise JobShapeError(f"{where} must be an object")
+    return value
+
+
 def pod_template(where: str, template: Any) -> Mapping[str, Any]:
     """``template`` checked to be a pod template object, the error naming ``where``."""
-    if not isinstance(template, Mapping):
-        raise JobShapeError(f"{where} must be an object")
-    if not isinstance(template.get("spec", {}), Mapping):
+    found = object_at(where, template)
+    if not isinstance(found.get("spec", {}), Mapping):
         raise JobShapeError(f"{where}.spec must be an object")
-    return template
+    return found
 
 
 class JobKind(ABC):

@@ -72,6 +72,7 @@ from gpuwarden.policy.pod.jobs.base import (
     TemplateSite,
     metadata_of,
     name_of,
+    object_at,
     string_map,
     whole_number,
 )
@@ -184,12 +185,6 @@ CONTROLLER_LABELS = (
 )
 
 
-def _object(where: str, value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise JobShapeError(f"{where} must be an object")
-    return value
-
-
 def _containers(where: str, value: Any) -> list[Any]:
     if value is None:
         return []
@@ -244,7 +239,7 @@ class InferenceServiceKind(JobKind):
             raise JobShapeError(f"{self.kind} has no spec")
         if deployment_mode(job) == MODEL_MESH:
             return ()
-        _object("spec.predictor", spec.get("predictor"))
+        object_at("spec.predictor", spec.get("predictor"))
         return tuple(self._replicas(job, spec))
 
     def _replicas(
@@ -253,11 +248,11 @@ class InferenceServiceKind(JobKind):
         for name in COMPONENTS:
             if spec.get(name) is None:
                 continue
-            component = _object(f"spec.{name}", spec[name])
+            component = object_at(f"spec.{name}", spec[name])
             yield self._component(job, name, component)
             worker = component.get("workerSpec") if name == "predictor" else None
             if worker is not None:
-                yield self._worker(job, _object("spec.predictor.workerSpec", worker))
+                yield self._worker(job, object_at("spec.predictor.workerSpec", worker))
 
     def _labels_and_annotations(
         self, job: Mapping[str, Any], component: Mapping[str, Any]
@@ -283,7 +278,7 @@ class InferenceServiceKind(JobKind):
         twins: list[tuple[str, str]] = [*_metadata_twins(base)]
         model = next((m for m in SHORTHANDS[name] if component.get(m) is not None), None)
         if model is not None:
-            fields = _object(f"{where}.{model}", component[model])
+            fields = object_at(f"{where}.{model}", component[model])
             container = {k: v for k, v in fields.items() if k not in _MODEL_OWN_FIELDS}
             container["name"] = MODEL_CONTAINER
             # buildPodSpec: the model's container, the predictor's transformer-container, then
@@ -391,14 +386,14 @@ class LLMInferenceServiceKind(JobKind):
         prefill = spec.get("prefill")
         workloads: list[tuple[tuple[str, ...], Mapping[str, Any], str]] = [(("spec",), spec, "")]
         if prefill is not None:
-            workloads.append((("spec", "prefill"), _object("spec.prefill", prefill), "prefill"))
+            workloads.append((("spec", "prefill"), object_at("spec.prefill", prefill), "prefill"))
         for base, workload, prefix in workloads:
             multi = workload.get("worker") is not None
             for field, name in (("template", "leader" if multi else "main"), ("worker", WORKER)):
                 if workload.get(field) is None:
                     continue
                 where = ".".join((*base, field))
-                pod_spec = _object(where, workload[field])
+                pod_spec = object_at(where, workload[field])
                 template = {"metadata": self._metadata(job, workload), "spec": dict(pod_spec)}
                 twins = (*_metadata_twins(base), ("/spec", pointer((*base, field))))
                 replicas = whole_number(workload.get("replicas", 1))
