@@ -8,7 +8,8 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from gpuwarden.policy.admission.patch import PatchBuilder, escape, pointer
+from gpuwarden.policy.admission.patch import PatchBuilder
+from gpuwarden.policy.pod.pointer import escape, pointer, tokens
 
 
 def check(original: dict[str, Any], builder: PatchBuilder) -> None:
@@ -36,6 +37,16 @@ def test_pointer_mixes_keys_and_indices() -> None:
     assert pointer(["spec", "containers", 1, "resources", "limits", "nvidia.com/gpu"]) == (
         "/spec/containers/1/resources/limits/nvidia.com~1gpu"
     )
+
+
+@pytest.mark.parametrize(
+    "path",
+    [[], [""], ["spec", "containers", 1], ["a~b", "a/b", "~1", "/~/", "x~0y", "nvidia.com/gpu"]],
+)
+def test_tokens_read_back_what_pointer_wrote(path: list[str | int]) -> None:
+    written = pointer(path)
+    assert tokens(written) == [str(part) for part in path]
+    assert tokens(written) == jsonpatch.JsonPointer(written).parts
 
 
 def test_absent_maps_are_added_whole_in_one_op() -> None:

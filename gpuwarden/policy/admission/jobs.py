@@ -22,12 +22,12 @@ from gpuwarden.policy.admission.decision import (
     bounded_warnings,
     warning,
 )
-from gpuwarden.policy.admission.patch import escape, pointer
 from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
 from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch, value_at
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
+from gpuwarden.policy.pod.pointer import escape, pointer
 from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.policy.spec.policyset import PolicySet
 

@@ -13,14 +13,9 @@ import copy
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from gpuwarden.policy.pod.pointer import escape, pointer
+
 JsonPatch = list[dict[str, Any]]
-
-
-def escape(token: str) -> str:
-    """Escape one JSON Pointer reference token (RFC 6901): '~' -> '~0', '/' -> '~1'."""
-    if "~" in token:
-        token = token.replace("~", "~0")
-    return token.replace("/", "~1") if "/" in token else token
 
 
 _SCALARS = frozenset({str, int, float, bool, type(None)})
@@ -43,17 +38,6 @@ def _can_hold(node: Any, part: str | int) -> bool:
     if isinstance(node, dict):
         return isinstance(part, str)
     return isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
-
-
-def pointer(path: Sequence[str | int]) -> str:
-    if not path:
-        return ""
-    tokens = [part if type(part) is str else str(part) for part in path]
-    joined = "/".join(tokens)
-    # Most paths hold nothing to escape: one look at the joined tokens says so.
-    if "~" in joined or joined.count("/") != len(tokens) - 1:
-        joined = "/".join([escape(token) for token in tokens])
-    return "/" + joined
 
 
 class PatchBuilder:

@@ -11,13 +11,9 @@ from typing import Any
 
 import jsonpatch
 
-from gpuwarden.policy.admission.patch import escape, pointer
+from gpuwarden.policy.pod.pointer import escape, pointer, tokens
 
 _MISSING = object()
-
-
-def _tokens(path: str) -> list[str]:
-    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
 
 
 def _resolve(document: Any, tokens: Sequence[str]) -> Any:
@@ -33,7 +29,7 @@ def _resolve(document: Any, tokens: Sequence[str]) -> Any:
 
 def value_at(document: Any, where: str) -> Any:
     """The value at a JSON Pointer into ``document``, or None where it is absent."""
-    found = _resolve(document, _tokens(where))
+    found = _resolve(document, tokens(where))
     return None if found is _MISSING else found
 
 
@@ -68,8 +64,8 @@ def twin_patch(
         if target is None:
             lost.append(op["path"])
             continue
-        tokens = _tokens(target)
-        current = _resolve(document, tokens)
+        parts = tokens(target)
+        current = _resolve(document, parts)
         if op["op"] == "remove":
             if current is _MISSING:
                 lost.append(op["path"])
@@ -77,10 +73,10 @@ def twin_patch(
                 emit({"op": "remove", "path": target})
             continue
         parent_ok = True
-        for depth in range(1, len(tokens)):
-            here = _resolve(document, tokens[:depth])
+        for depth in range(1, len(parts)):
+            here = _resolve(document, parts[:depth])
             if here is _MISSING:
-                emit({"op": "add", "path": pointer(tokens[:depth]), "value": {}})
+                emit({"op": "add", "path": pointer(parts[:depth]), "value": {}})
             elif not isinstance(here, (Mapping, list)):
                 parent_ok = False
                 break

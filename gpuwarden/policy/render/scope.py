@@ -477,17 +477,21 @@ def _container_cel(c: str) -> str:
     return f"(has({c}.resources) && ({_resources_cel(f'{c}.resources')}))"
 
 
-def _pod_spec_cel(spec: str) -> list[str]:
+def _pod_spec_cel(spec: str, *, present: bool = False) -> list[str]:
+    """A PodSpec's containers name a GPU resource (or are more than are looked into);
+    ``present`` where ``spec`` is known to be there (has() takes only a field, not ``x[s]``)."""
+    there = "" if present else f"has({spec}) && "
     return [
-        f"(has({spec}) && has({spec}.{field}) && (size({spec}.{field}) > "
+        f"({there}has({spec}.{field}) && (size({spec}.{field}) > "
         f"{MAX_CONTAINERS} || {spec}.{field}.exists(c, {_container_cel('c')})))"
         for field in ("containers", "initContainers")
     ]
 
 
-def _meta_cel(meta: str) -> list[str]:
+def _meta_cel(meta: str, *, present: bool = False) -> list[str]:
+    there = "" if present else f"has({meta}) && "
     return [
-        f"(has({meta}) && has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
+        f"({there}has({meta}.{part}) && (size({meta}.{part}) > {MAX_ITEMS} || "
         f'{meta}.{part}.exists(k, k.startsWith("{OWN_PREFIX}"))))'
         for part in ("labels", "annotations")
     ]
@@ -507,40 +511,96 @@ def _field(path: Sequence[str]) -> str:
     return ".".join(("object", *path))
 
 
-def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
-    """One template site of a kind: the fields on the way exist, its guards hold, and the
-    template (or, per replica, any replica's template) may need gpuwarden."""
+def _site_body(
+    site: jobs.TemplateSite, field: str, meta: str | None, *, present: bool = False
+) -> str:
+    """Whether the template (or the shape ``site`` names) at ``field`` may need gpuwarden, the
+    pods' metadata at ``meta`` where the object keeps it apart; ``present`` where ``field`` is
+    known to be there."""
+    if site.per_replica:
+        return (
+            f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
+            f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
+        )
+    if site.shape == "podSpec":
+        clauses = [
+            *_pod_spec_cel(field, present=present),
+            *(_meta_cel(meta, present=present and meta == field) if meta else []),
+        ]
+        return f"({' || '.join(clauses)})"
+    if site.shape == "container":
+        return f"({_container_cel(field)})"
+    if site.shape == "resources":
+        return f"({_resources_cel(field)})"
+    return f"({_template_cel(field, meta)})"
+
+
+def _present(paths: Sequence[Sequence[str]]) -> list[str]:
+    """has() of every field on the way to each path, each once, outermost first."""
     present: list[str] = []
-    for path in (*(p for p, _ in site.when), site.path):
+    for path in paths:
         for depth in range(1, len(path) + 1):
             test = f"has({_field(path[:depth])})"
             if test not in present:
                 present.append(test)
+    return present
+
+
+def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
+    """One template site of a kind: the fields on the way exist, its guards hold, and the
+    template (or, per replica, any replica's template) may need gpuwarden."""
     guards = [f'{_field(path)} == "{value}"' for path, value in site.when]
-    field = _field(site.path)
     meta = _field(site.meta) if site.meta else None
-    if site.per_replica:
-        body = (
-            f"(size({field}) > {MAX_REPLICA_TYPES} || {field}.exists(r, "
-            f"has({field}[r].template) && ({_template_cel(f'{field}[r].template')})))"
-        )
-    elif site.shape == "podSpec":
-        body = f"({' || '.join([*_pod_spec_cel(field), *(_meta_cel(meta) if meta else [])])})"
-    elif site.shape == "container":
-        body = f"({_container_cel(field)})"
-    elif site.shape == "resources":
-        body = f"({_resources_cel(field)})"
-    else:
-        body = f"({_template_cel(field, meta)})"
     return " && ".join(
         [
             f'request.kind.group == "{kind.group}"',
             f'request.kind.kind == "{kind.kind}"',
-            *present,
+            *_present([*(p for p, _ in site.when), site.path]),
             *guards,
-            body,
+            _site_body(site, _field(site.path), meta),
         ]
     )
+
+
+def _alike(site: jobs.TemplateSite) -> tuple[tuple[str, ...], str, bool] | None:
+    """What sites of a kind must share to be tested in one clause: the map that holds them, their
+    shape, and whether each keeps the pods' metadata itself (a PodSpec's: has() cannot test the
+    map itself at ``x[s]``, only a field in it); None for a site with guards or replicas, or whose
+    metadata is elsewhere."""
+    if site.when or site.per_replica or site.meta not in ((), site.path):
+        return None
+    if site.meta and site.shape != "podSpec":
+        return None
+    return site.path[:-1], site.shape, bool(site.meta)
+
+
+def _sites_cel(kind: jobs.JobKind, sites: Sequence[jobs.TemplateSite]) -> str:
+    """Sites of a kind alike but for the last field of their path (KServe's model shorthands,
+    its components) as one clause, a comprehension over those fields' names (a constant list,
+    so what it iterates does not grow with the object): a request matches it exactly when it
+    matches one of the sites' own clauses."""
+    if len(sites) == 1:
+        return _site_cel(kind, sites[0])
+    parent = sites[0].path[:-1]
+    field = f"{_field(parent)}[s]"
+    names = json.dumps([site.path[-1] for site in sites])
+    body = _site_body(sites[0], field, field if sites[0].meta else None, present=True)
+    return " && ".join(
+        [
+            f'request.kind.group == "{kind.group}"',
+            f'request.kind.kind == "{kind.kind}"',
+            *_present([parent]),
+            f"{names}.exists(s, s in {_field(parent)} && {body})",
+        ]
+    )
+
+
+def _kind_clauses(kind: jobs.JobKind) -> list[str]:
+    """A kind's clauses: one per site, sites alike (:func:`_alike`) together."""
+    groups: dict[object, list[jobs.TemplateSite]] = {}
+    for site in kind.sites:
+        groups.setdefault(_alike(site) or site, []).append(site)
+    return [f"({_sites_cel(kind, sites)})" for sites in groups.values()]
 
 
 #: Only jobs whose replica templates name a GPU resource or carry gpuwarden's keys are sent to
@@ -551,7 +611,7 @@ def _site_cel(kind: jobs.JobKind, site: jobs.TemplateSite) -> str:
 #: :attr:`~gpuwarden.policy.pod.jobs.JobKind.sites` say.
 JOB_CEL = " || ".join(
     # A kind served in two versions has the same sites in each.
-    dict.fromkeys(f"({_site_cel(kind, site)})" for kind in jobs.ALL_KINDS for site in kind.sites)
+    dict.fromkeys(clause for kind in jobs.ALL_KINDS for clause in _kind_clauses(kind))
 )
 
 

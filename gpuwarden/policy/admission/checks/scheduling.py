@@ -18,13 +18,13 @@ from gpuwarden.policy.admission.decision import ClusterView
 from gpuwarden.policy.admission.mutate import apply_placement, plan, size_problems
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
+from gpuwarden.policy.pod.pointer import tokens
 from gpuwarden.policy.spec.model import HamiBackend, Tenant, VolcanoBackend
 
 
 def _readable(path: str) -> str:
-    parts = [p.replace("~1", "/").replace("~0", "~") for p in path.split("/")[1:]]
     out = ""
-    for part in parts:
+    for part in tokens(path):
         out += f"[{part}]" if ("/" in part or "." in part or part.isdigit()) else f".{part}"
     return out.lstrip(".")
 

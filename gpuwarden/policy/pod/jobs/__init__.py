@@ -20,6 +20,7 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
 )
 from gpuwarden.policy.pod.jobs.trainingoperator import JOB_ROLE_LABEL
 
@@ -157,8 +158,7 @@ def replica_pod(
     controller's labels, name, namespace and restart policy), as the pod webhooks will see it."""
     kind = _kind(job)
     template = replica.template
-    meta = template.get("metadata")
-    meta = dict(meta) if isinstance(meta, Mapping) else {}
+    meta = dict(metadata_of(template))
     labels = meta.get("labels")
     meta["labels"] = {
         **(labels if isinstance(labels, Mapping) else {}),

@@ -61,9 +61,20 @@ class TemplateSite:
     meta: tuple[str, ...] = ()
 
 
-def name_of(obj: Mapping[str, Any]) -> str:
+def metadata_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's metadata, empty where it has none (or it is not a map)."""
     meta = obj.get("metadata")
-    name = meta.get("name") if isinstance(meta, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def string_map(value: Any) -> dict[str, str]:
+    """A map of labels or annotations with its keys and values as strings, empty where
+    ``value`` is not a map."""
+    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    name = metadata_of(obj).get("name")
     return name if isinstance(name, str) else ""
 
 
@@ -72,13 +83,19 @@ def whole_number(value: Any, default: int = 1) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
+def object_at(where: str, value: Any) -> Mapping[str, Any]:
+    """``value`` checked to be an object, the error naming ``where``."""
+    if not isinstance(value, Mapping):
+        raise JobShapeError(f"{where} must be an object")
+    return value
+
+
 def pod_template(where: str, template: Any) -> Mapping[str, Any]:
     """``template`` checked to be a pod template object, the error naming ``where``."""
-    if not isinstance(template, Mapping):
-        raise JobShapeError(f"{where} must be an object")
-    if not isinstance(template.get("spec", {}), Mapping):
+    found = object_at(where, template)
+    if not isinstance(found.get("spec", {}), Mapping):
         raise JobShapeError(f"{where}.spec must be an object")
-    return template
+    return found
 
 
 class JobKind(ABC):

@@ -24,6 +24,7 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
     name_of,
     pod_template,
     whole_number,
@@ -77,8 +78,7 @@ class BatchJobKind(JobKind):
         spec = spec if isinstance(spec, Mapping) else {}
         labels: dict[str, str] = {}
         if spec.get("manualSelector") is not True:
-            meta = job.get("metadata")
-            uid = meta.get("uid") if isinstance(meta, Mapping) else None
+            uid = metadata_of(job).get("uid")
             labels |= dict.fromkeys(JOB_LABELS, name_of(job))
             labels |= dict.fromkeys(UID_LABELS, uid if isinstance(uid, str) else "")
             # generateSelector keeps the values a template already has (validation judges them).

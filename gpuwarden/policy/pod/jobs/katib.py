@@ -41,7 +41,9 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
     name_of,
+    string_map,
 )
 
 GROUP = "kubeflow.org"
@@ -63,8 +65,7 @@ TRIAL_KINDS: Mapping[tuple[str, str], JobKind] = {
 
 def trial_of(job: Mapping[str, Any]) -> str | None:
     """The Katib Trial that owns ``job``, by name, or None."""
-    meta = job.get("metadata")
-    owners = meta.get("ownerReferences") if isinstance(meta, Mapping) else None
+    owners = metadata_of(job).get("ownerReferences")
     for owner in owners if isinstance(owners, list) else ():
         if (
             isinstance(owner, Mapping)
@@ -178,9 +179,7 @@ class ExperimentKind(JobKind):
 
     def labels(self, job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
         labels = self._trial(job)[1].labels(self.pod_job(job), replica, index)
-        meta = job.get("metadata")
-        own = meta.get("labels") if isinstance(meta, Mapping) else None
-        labels |= {str(k): str(v) for k, v in (own if isinstance(own, Mapping) else {}).items()}
+        labels |= string_map(metadata_of(job).get("labels"))
         labels[EXPERIMENT_LABEL] = name_of(job)
         return labels
 

@@ -70,9 +70,13 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
     name_of,
+    object_at,
+    string_map,
     whole_number,
 )
+from gpuwarden.policy.pod.pointer import pointer
 
 GROUP = "serving.kserve.io"
 # pkg/constants/constants.go
@@ -181,24 +185,6 @@ CONTROLLER_LABELS = (
 )
 
 
-def _escape(key: str) -> str:
-    return key.replace("~", "~0").replace("/", "~1")
-
-
-def _pointer(path: tuple[str, ...]) -> str:
-    return "".join(f"/{_escape(p)}" for p in path)
-
-
-def _string_map(value: Any) -> dict[str, str]:
-    return {str(k): str(v) for k, v in value.items()} if isinstance(value, Mapping) else {}
-
-
-def _object(where: str, value: Any) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise JobShapeError(f"{where} must be an object")
-    return value
-
-
 def _containers(where: str, value: Any) -> list[Any]:
     if value is None:
         return []
@@ -207,21 +193,16 @@ def _containers(where: str, value: Any) -> list[Any]:
     return value
 
 
-def _meta(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = job.get("metadata")
-    return meta if isinstance(meta, Mapping) else {}
-
-
 def deployment_mode(job: Mapping[str, Any]) -> str:
     """The InferenceService's deployment mode annotation, empty where it has none."""
-    mode = _string_map(_meta(job).get("annotations")).get(DEPLOYMENT_MODE, "")
+    mode = string_map(metadata_of(job).get("annotations")).get(DEPLOYMENT_MODE, "")
     return mode
 
 
 def _metadata_twins(meta: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     return (
-        ("/metadata/labels", _pointer((*meta, "labels"))),
-        ("/metadata/annotations", _pointer((*meta, "annotations"))),
+        ("/metadata/labels", pointer((*meta, "labels"))),
+        ("/metadata/annotations", pointer((*meta, "annotations"))),
     )
 
 
@@ -258,7 +239,7 @@ class InferenceServiceKind(JobKind):
             raise JobShapeError(f"{self.kind} has no spec")
         if deployment_mode(job) == MODEL_MESH:
             return ()
-        _object("spec.predictor", spec.get("predictor"))
+        object_at("spec.predictor", spec.get("predictor"))
         return tuple(self._replicas(job, spec))
 
     def _replicas(
@@ -267,21 +248,21 @@ class InferenceServiceKind(JobKind):
         for name in COMPONENTS:
             if spec.get(name) is None:
                 continue
-            component = _object(f"spec.{name}", spec[name])
+            component = object_at(f"spec.{name}", spec[name])
             yield self._component(job, name, component)
             worker = component.get("workerSpec") if name == "predictor" else None
             if worker is not None:
-                yield self._worker(job, _object("spec.predictor.workerSpec", worker))
+                yield self._worker(job, object_at("spec.predictor.workerSpec", worker))
 
     def _labels_and_annotations(
         self, job: Mapping[str, Any], component: Mapping[str, Any]
     ) -> dict[str, Any]:
-        meta = _meta(job)
+        meta = metadata_of(job)
         annotations = {
-            **_string_map(meta.get("annotations")),
-            **_string_map(component.get("annotations")),
+            **string_map(meta.get("annotations")),
+            **string_map(component.get("annotations")),
         }
-        labels = {**_string_map(meta.get("labels")), **_string_map(component.get("labels"))}
+        labels = {**string_map(meta.get("labels")), **string_map(component.get("labels"))}
         found: dict[str, Any] = {"labels": labels}
         if annotations:
             found["annotations"] = annotations
@@ -297,7 +278,7 @@ class InferenceServiceKind(JobKind):
         twins: list[tuple[str, str]] = [*_metadata_twins(base)]
         model = next((m for m in SHORTHANDS[name] if component.get(m) is not None), None)
         if model is not None:
-            fields = _object(f"{where}.{model}", component[model])
+            fields = object_at(f"{where}.{model}", component[model])
             container = {k: v for k, v in fields.items() if k not in _MODEL_OWN_FIELDS}
             container["name"] = MODEL_CONTAINER
             # buildPodSpec: the model's container, the predictor's transformer-container, then
@@ -312,14 +293,14 @@ class InferenceServiceKind(JobKind):
                 ),
             )
             pod_spec["containers"] = [container, *(inline[i] for i in order)]
-            twins.append(("/spec/containers/0", _pointer((*base, model))))
+            twins.append(("/spec/containers/0", pointer((*base, model))))
             twins += [
-                (f"/spec/containers/{k + 1}", _pointer((*base, "containers", str(i))))
+                (f"/spec/containers/{k + 1}", pointer((*base, "containers", str(i))))
                 for k, i in enumerate(order)
             ]
         elif inline and isinstance(inline[0], Mapping):
             pod_spec["containers"] = [_default_name(name, inline), *inline[1:]]
-        twins.append(("/spec", _pointer(base)))
+        twins.append(("/spec", pointer(base)))
         labels = self._labels_and_annotations(job, component)
         template = {"metadata": labels, "spec": pod_spec}
         return ReplicaTemplate(
@@ -331,7 +312,7 @@ class InferenceServiceKind(JobKind):
         predictor = job["spec"]["predictor"]
         pod_spec = {k: v for k, v in worker.items() if k not in _COMPONENT_OWN_FIELDS}
         template = {"metadata": self._labels_and_annotations(job, predictor), "spec": pod_spec}
-        twins = (*_metadata_twins(("spec", "predictor")), ("/spec", _pointer(base)))
+        twins = (*_metadata_twins(("spec", "predictor")), ("/spec", pointer(base)))
         return ReplicaTemplate(WORKER, base, template, None, 1, twins=twins)
 
     def labels(self, job: Mapping[str, Any], replica: str, index: int) -> dict[str, str]:
@@ -405,16 +386,16 @@ class LLMInferenceServiceKind(JobKind):
         prefill = spec.get("prefill")
         workloads: list[tuple[tuple[str, ...], Mapping[str, Any], str]] = [(("spec",), spec, "")]
         if prefill is not None:
-            workloads.append((("spec", "prefill"), _object("spec.prefill", prefill), "prefill"))
+            workloads.append((("spec", "prefill"), object_at("spec.prefill", prefill), "prefill"))
         for base, workload, prefix in workloads:
             multi = workload.get("worker") is not None
             for field, name in (("template", "leader" if multi else "main"), ("worker", WORKER)):
                 if workload.get(field) is None:
                     continue
                 where = ".".join((*base, field))
-                pod_spec = _object(where, workload[field])
+                pod_spec = object_at(where, workload[field])
                 template = {"metadata": self._metadata(job, workload), "spec": dict(pod_spec)}
-                twins = (*_metadata_twins(base), ("/spec", _pointer((*base, field))))
+                twins = (*_metadata_twins(base), ("/spec", pointer((*base, field))))
                 replicas = whole_number(workload.get("replicas", 1))
                 # main, leader, worker; prefill, prefill-leader, prefill-worker
                 replica = name if not prefix else prefix if name == "main" else f"{prefix}-{name}"
@@ -424,21 +405,21 @@ class LLMInferenceServiceKind(JobKind):
         return tuple(found)
 
     def _metadata(self, job: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
-        meta = _meta(job)
+        meta = metadata_of(job)
         labels = {
             k: v
-            for k, v in _string_map(meta.get("labels")).items()
+            for k, v in string_map(meta.get("labels")).items()
             if k.startswith(_LLM_LABEL_PREFIXES)
         }
         annotations = {
             k: v
-            for k, v in _string_map(meta.get("annotations")).items()
+            for k, v in string_map(meta.get("annotations")).items()
             if k.startswith(_LLM_ANNOTATION_PREFIXES)
         }
-        labels |= _string_map(workload.get("labels"))
+        labels |= string_map(workload.get("labels"))
         annotations |= {
             k: v
-            for k, v in _string_map(workload.get("annotations")).items()
+            for k, v in string_map(workload.get("annotations")).items()
             if k != _LLM_ROUTING_ANNOTATION
         }
         found: dict[str, Any] = {"labels": labels}

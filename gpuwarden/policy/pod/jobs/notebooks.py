@@ -33,6 +33,7 @@ from gpuwarden.policy.pod.jobs.base import (
     JobShapeError,
     ReplicaTemplate,
     TemplateSite,
+    metadata_of,
     name_of,
     pod_template,
 )
@@ -58,8 +59,7 @@ _TEMPLATE = ("spec", "template")
 
 
 def _own(job: Mapping[str, Any], part: str) -> Mapping[str, Any] | None:
-    meta = job.get("metadata")
-    found = meta.get(part) if isinstance(meta, Mapping) else None
+    found = metadata_of(job).get(part)
     return found if isinstance(found, Mapping) else None
 
 

@@ -40,6 +40,7 @@ from gpuwarden.policy.pod.jobs.base import (
     ReplicaTemplate,
     TemplateSite,
     name_of,
+    object_at,
     whole_number,
 )
 from gpuwarden.policy.pod.workloads import JOBSET_NAME, JOBSET_REPLICATED_JOB, TRAINER_NODE
@@ -73,9 +74,7 @@ def _check_quantities(where: str, values: Any) -> None:
     pod's own shape check would name the predicted pod's fields instead)."""
     if values is None:
         return
-    if not isinstance(values, Mapping):
-        raise JobShapeError(f"{where} must be an object")
-    for name, value in values.items():
+    for name, value in object_at(where, values).items():
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise JobShapeError(f"{where}[{name!r}] must be a quantity (string or number)")
 
@@ -101,13 +100,11 @@ class TrainJobKind(JobKind):
         trainer = spec.get("trainer")
         if trainer is None:
             return ()
-        if not isinstance(trainer, Mapping):
-            raise JobShapeError("spec.trainer must be an object")
+        trainer = object_at("spec.trainer", trainer)
         resources = trainer.get("resourcesPerNode")
         if resources is None:
             return ()  # the runtime's resources, judged as each pod is created
-        if not isinstance(resources, Mapping):
-            raise JobShapeError("spec.trainer.resourcesPerNode must be an object")
+        resources = object_at("spec.trainer.resourcesPerNode", resources)
         if resources.get("limits") is None and resources.get("requests") is None:
             return ()  # builder.go keeps the runtime's resources then
         for section in ("limits", "requests"):

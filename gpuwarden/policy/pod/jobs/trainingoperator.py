@@ -32,6 +32,7 @@ from gpuwarden.policy.pod.jobs.base import (
     ReplicaTemplate,
     TemplateSite,
     name_of,
+    object_at,
     pod_template,
     whole_number,
 )
@@ -97,8 +98,7 @@ class TrainingOperatorKind(JobKind):
             raise JobShapeError(f"{where} must be an object of replica types")
         found = []
         for name, replica in replicas.items():
-            if not isinstance(replica, Mapping):
-                raise JobShapeError(f"{where}.{name} must be an object")
+            replica = object_at(f"{where}.{name}", replica)
             template = pod_template(f"{where}.{name}.template", replica.get("template", {}))
             policy = replica.get("restartPolicy")
             if isinstance(policy, str):
