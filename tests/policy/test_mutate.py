@@ -42,8 +42,8 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
             "kfp-training",
             "main",
             {"nvidia.com/gpu": "8"},
-            ("gpuwarden-kfp-training", 200),
-            "PreemptLowerPriority",
+            ("gpuwarden-kfp-training", 250),
+            "Never",
         ),
         (
             "notebook",
@@ -524,7 +524,8 @@ def test_a_count_set_by_the_tenant_keeps_the_rule_that_chose_it(
     once = mutated(example("kfp-train-step"), default_policies, cluster)
     assert container(once, "main")["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert once["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
-    assert once["spec"]["priority"] == 200
+    # kfp-training's class, not kfp-training-node's (which preempts).
+    assert (once["spec"]["priority"], once["spec"]["preemptionPolicy"]) == (250, "Never")
     assert mutate(create(once), default_policies, cluster).patch == ()
     assert admit(create(once), default_policies, cluster).allowed
     # `explain` says why the rule holds for a pod past its count.
@@ -560,7 +561,8 @@ def test_a_recorded_rule_is_kept_only_for_the_count_its_profile_fixes(
     step = _forged(example("kfp-train-step"), "kfp-training-node", "kfp-training-node")
     out = mutated(step, default_policies, cluster)
     assert out["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
-    assert out["spec"]["priority"] == 200
+    # kfp-training's class, which never preempts; the forged kfp-training-node's does.
+    assert (out["spec"]["priority"], out["spec"]["preemptionPolicy"]) == (250, "Never")
 
 
 def test_a_step_given_the_profiles_one_gpu_keeps_the_rule_that_gave_it(
@@ -589,8 +591,8 @@ def test_a_step_given_the_profiles_one_gpu_keeps_the_rule_that_gave_it(
 def test_a_forged_record_never_chooses_what_asking_for_no_gpu_would_not(
     default_policies: PolicySet, cluster: ClusterView
 ) -> None:
-    """kfp-training-node (priority 250) fixes no count for this tenant, and a step that asks for
-    no GPU would not get it: a forged record of it on a 1-GPU step is not honoured."""
+    """kfp-training-node (which preempts) fixes no count for this tenant, and a step that asks
+    for no GPU would not get it: a forged record of it on a 1-GPU step is not honoured."""
     step = example("kfp-train-step")
     step["metadata"]["namespace"] = "kubeflow-user-carol"
     container(step, "main")["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
@@ -599,4 +601,4 @@ def test_a_forged_record_never_chooses_what_asking_for_no_gpu_would_not(
     )
     assert out["metadata"]["annotations"]["gpuwarden.io/rule"] == "rule/kfp-training"
     assert out["metadata"]["annotations"]["gpuwarden.io/profile"] == "kfp-training"
-    assert out["spec"]["priority"] == 200
+    assert (out["spec"]["priority"], out["spec"]["preemptionPolicy"]) == (250, "Never")
