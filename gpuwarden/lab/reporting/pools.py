@@ -1,0 +1,82 @@
+"""What the pools did in a replay whose MPS pool followed demand (``--mps-nodes follow``): the
+nodes that moved, how often and which way, how long their drains took, and what the
+controller's log says it started, finished and cancelled."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpuwarden.lab.cluster.deviceplugin import Cordon, Move
+from gpuwarden.lab.cluster.nodes import SHARED_CONFIG
+from gpuwarden.lab.cluster.poolcontroller import move_counts
+from gpuwarden.lab.reporting.report import format_duration, percentile
+
+
+@dataclass(frozen=True)
+class PoolMoves:
+    """The moves of one replay (simulated seconds)."""
+
+    nodes: Mapping[str, int]  # node -> config changes
+    to_shared: int
+    to_whole: int
+    drains: tuple[float, ...]  # from cordon to its config label's change, each move drained
+    cancelled: int  # cordons lifted without a move
+    controller: Mapping[str, int]  # what its log says: started, finished, cancelled
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "nodes": dict(self.nodes),
+            "toShared": self.to_shared,
+            "toWhole": self.to_whole,
+            "drainSeconds": {
+                "count": len(self.drains),
+                "p50": percentile(self.drains, 0.5),
+                "p95": percentile(self.drains, 0.95),
+                "max": max(self.drains, default=None),
+            },
+            "cancelled": self.cancelled,
+            "controllerLog": dict(self.controller),
+        }
+
+    def note(self) -> str:
+        moved = ", ".join(f"{node} {count}" for node, count in sorted(self.nodes.items()))
+        drains = (
+            f"; drains took {format_duration(percentile(self.drains, 0.5))} at p50, "
+            f"{format_duration(max(self.drains))} at most"
+            if self.drains
+            else ""
+        )
+        return (
+            f"the pools followed demand: {self.to_shared} moves to the MPS pool, {self.to_whole} "
+            f"to the whole-GPU pool ({moved or 'no node moved'}){drains}; {self.cancelled} moves "
+            f"cancelled"
+        )
+
+
+def pool_moves(
+    moves: Sequence[Move],
+    cordons: Sequence[Cordon],
+    log: Sequence[Mapping[str, Any]],
+    *,
+    start: float,
+    scale: float,
+) -> PoolMoves:
+    """The moves the device plugin's emulation applied and the cordons it saw (its clock from
+    ``start``, ``scale`` simulated seconds per second), with the controller's ``log``."""
+    nodes: dict[str, int] = {}
+    for move in moves:
+        nodes[move.node] = nodes.get(move.node, 0) + 1
+    return PoolMoves(
+        nodes=nodes,
+        to_shared=sum(1 for m in moves if m.after == SHARED_CONFIG),
+        to_whole=sum(1 for m in moves if m.after != SHARED_CONFIG),
+        drains=tuple(
+            (c.relabelled - max(c.start, start)) * scale
+            for c in cordons
+            if c.relabelled is not None
+        ),
+        cancelled=sum(1 for c in cordons if c.relabelled is None),
+        controller=move_counts([dict(r) for r in log]),
+    )
