@@ -52,6 +52,7 @@ COMMAND_MODULES: dict[str, str] = {
     "certs": "certs",
     "node-agent": "node_agent",
     "tenant-controller": "tenant_controller",
+    "pool-controller": "pool_controller",
     "simulate": "simulate",
     "review": "review",
     "usage": "usage",

@@ -185,6 +185,62 @@ class HamiBackend(_BackendBase):
     )
 
 
+# The device plugin's config-manager sidecar reads the config name from this node label (flag
+# --node-label, NVIDIA/k8s-device-plugin cmd/config-manager/main.go); the value must name a config
+# of the plugin's ConfigMap, so it is a label value (at most 63 characters).
+DEVICE_PLUGIN_CONFIG_LABEL = "nvidia.com/device-plugin.config"
+ConfigName = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+]
+
+
+class NvidiaPools(StrictModel):
+    """Pools that follow demand: `gpuwarden pool-controller` moves drained nodes between the
+    device plugin's whole-GPU config and its MPS config (docs/pools.md). Admission ignores it."""
+
+    config_label: LabelKey = Field(
+        default=DEVICE_PLUGIN_CONFIG_LABEL,
+        description="The node label the device plugin's config-manager reads its config name from",
+    )
+    whole_config: ConfigName = Field(
+        description="The device plugin config (a key of its ConfigMap) that gives whole GPUs"
+    )
+    shared_config: ConfigName = Field(
+        description="The device plugin config that shares each GPU among mpsReplicas through MPS"
+    )
+    node_selector: dict[LabelKey, str] = Field(
+        default_factory=dict,
+        description="Labels a node must have to be moved between the pools (its config label "
+        "must also name one of the two configs)",
+    )
+    shared_headroom: int = Field(
+        default=0,
+        ge=0,
+        description="Free shared replicas kept ready beyond those that pods hold and wait for",
+    )
+    min_shared_nodes: int = Field(
+        default=0, ge=0, description="Nodes the shared pool keeps whatever the demand"
+    )
+    min_whole_nodes: int = Field(
+        default=0, ge=0, description="Nodes the whole pool keeps whatever the demand"
+    )
+    hold_seconds: float = Field(
+        default=600,
+        ge=0,
+        allow_inf_nan=False,
+        description="Least time a node stays in a pool after it moved, so that pools do not flap",
+    )
+
+    @model_validator(mode="after")
+    def _configs_differ(self) -> NvidiaPools:
+        if self.whole_config == self.shared_config:
+            raise ValueError(
+                f"wholeConfig and sharedConfig must name two configs, both are "
+                f"{self.whole_config!r}"
+            )
+        return self
+
+
 class NvidiaBackend(_BackendBase):
     """Default scheduler with NVIDIA's device plugin sharing GPUs through MPS."""
 
@@ -218,6 +274,20 @@ class NvidiaBackend(_BackendBase):
         "as a tenant's quota of shared GPUs counts them; unset: render warns and assumes 2, "
         "the least the device plugin accepts",
     )
+    pools: NvidiaPools | None = Field(
+        default=None,
+        description="Move drained nodes between a whole-GPU and an MPS pool as demand changes "
+        "(gpuwarden pool-controller; needs mpsReplicas). No admission decision reads it",
+    )
+
+    @model_validator(mode="after")
+    def _pools_need_replicas(self) -> NvidiaBackend:
+        if self.pools is not None and self.mps_replicas is None:
+            raise ValueError(
+                "pools needs mpsReplicas: the pool controller sizes the shared pool in "
+                "replicas per GPU (the device plugin's sharing.mps.resources[].replicas)"
+            )
+        return self
 
 
 class NativeBackend(_BackendBase):
