@@ -117,6 +117,9 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
         following.log,
         start=replay.started_at,
         scale=plan.scale,
+        horizon=plan.horizon,
+        shared_at_start=sum(pool.count for pool in replay.pools if pool.shared),
+        rejected=len(replay.rejected),
     )
     return replace(summary, notes=(*summary.notes, moves.note()), pool_moves=moves.as_json())
 

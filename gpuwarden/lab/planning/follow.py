@@ -43,11 +43,9 @@ class FollowPools:
 
     def note(self, start: int, nodes: int) -> str:
         return (
-            f"MPS pools follow demand (gpuwarden pool-controller: sharedHeadroom "
-            f"{self.shared_headroom} replicas, holdSeconds {self.hold_seconds:g}): from {start} "
-            f"of {nodes} nodes (auto's split), a drained node moves between the pools through "
-            f"the device plugin's {CONFIG_LABEL} label; no fixed split bounds the work, the work "
-            f"ceiling does"
+            f"MPS pools follow demand from auto's {start} of {nodes} nodes (gpuwarden "
+            f"pool-controller, sharedHeadroom {self.shared_headroom}, holdSeconds "
+            f"{self.hold_seconds:g}): no fixed split bounds the work, the work ceiling does"
         )
 
 

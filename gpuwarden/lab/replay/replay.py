@@ -207,6 +207,7 @@ class Replay:
         # --mps-nodes follow: the device plugin's emulation and the pool controller, while
         # the replay runs.
         self.following: Following | None = None
+        self.rejected: set[str] = set()  # pods the kubelet refused at admission
         self.ledger = Ledger(rows, self.model, horizon, idle_rules=idle_stop_rules(plan, rows))
         self.outcomes: list[RowOutcome] = []
         self._admitted = AdmittedMemory()
@@ -446,13 +447,17 @@ class Replay:
         return [pods, workloads]
 
     def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
+        reject = False
         with self._lock:
             now = min(self.now(), self.horizon)
             if pod.name not in self.ledger.records:
                 return
             if pod.unschedulable:
                 self.ledger.unschedulable(pod.name)
-            if pod.node:
+            if pod.node and self._kubelet_rejects(pod.name, pod.node):
+                reject = pod.name not in self.rejected
+                self.rejected.add(pod.name)
+            elif pod.node:
                 self.ledger.bound(pod.name, now, pod.node)
             if self.strategy.kueue:
                 self.ledger.evicted(pod.name, pod.evicted_by)
@@ -462,8 +467,24 @@ class Replay:
                 self.ledger.gone(pod.name, now)
                 self._admitted.end(pod.name)
             self._changed.notify_all()
+        if reject:
+            # The kubelet fails the pod (UnexpectedAdmissionError) and its controller recreates
+            # it, as after a preemption.
+            with contextlib.suppress(ApiException):
+                k8s_client.CoreV1Api(api).delete_namespaced_pod(pod.name, pod.namespace)
         if deleted and self.strategy.kueue:
             collect_workloads(api, pod.namespace, pod.uid)
+
+    def _kubelet_rejects(self, name: str, node: str) -> bool:
+        """Whether the node's kubelet refuses the pod at admission: bound in the moment its
+        config changed, before the device plugin advertised the new config (the scheduler saw
+        the old resource), it asks devices the plugin no longer has (the device manager's
+        "requested number of devices unavailable"). Only a node that moves can."""
+        record = self.ledger.records[name]
+        if self.following is None or record.bound is not None:
+            return False
+        replicas = self.model.replicas(node)
+        return bool(record.whole and replicas > 1) or bool(record.slices and replicas == 1)
 
     def _kept_out(self, name: str, deleted: bool) -> None:
         """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in

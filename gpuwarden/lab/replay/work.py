@@ -108,6 +108,10 @@ class WorkModel:
         self.advance(at)
         self._nodes[node] = gpus
 
+    def replicas(self, node: str) -> int:
+        """The replicas per GPU the node's device plugin advertises now (1: whole GPUs)."""
+        return self._nodes.get(node, NodeGpus(0)).replicas
+
     def _take(
         self, node: str, whole: int, slices: int
     ) -> tuple[tuple[Gpu, ...], tuple[float, ...], tuple[int, ...]]:

@@ -24,6 +24,8 @@ class PoolMoves:
     drains: tuple[float, ...]  # from cordon to its config label's change, each move drained
     cancelled: int  # cordons lifted without a move
     controller: Mapping[str, int]  # what its log says: started, finished, cancelled
+    rejected: int = 0  # pods a kubelet refused: bound to a node whose config had just changed
+    shared_nodes: tuple[int, float, int, int] = (0, 0.0, 0, 0)  # at start, average, least, most
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -38,6 +40,10 @@ class PoolMoves:
             },
             "cancelled": self.cancelled,
             "controllerLog": dict(self.controller),
+            "sharedNodes": dict(
+                zip(("start", "average", "least", "most"), self.shared_nodes, strict=True)
+            ),
+            "kubeletRejected": self.rejected,
         }
 
     def note(self) -> str:
@@ -48,10 +54,18 @@ class PoolMoves:
             if self.drains
             else ""
         )
+        start, average, least, most = self.shared_nodes
         return (
-            f"the pools followed demand: {self.to_shared} moves to the MPS pool, {self.to_whole} "
+            f"the pools followed demand: MPS nodes {start} at the start, {average:.1f} on average, "
+            f"{least} to {most}; {self.to_shared} moves to the MPS pool, {self.to_whole} "
             f"to the whole-GPU pool ({moved or 'no node moved'}){drains}; {self.cancelled} moves "
             f"cancelled"
+            + (
+                f"; {self.rejected} pods bound as a node changed config, before its device plugin "
+                "advertised the new one, were refused by its kubelet and recreated"
+                if self.rejected
+                else ""
+            )
         )
 
 
@@ -62,12 +76,24 @@ def pool_moves(
     *,
     start: float,
     scale: float,
+    horizon: float,
+    shared_at_start: int,
+    rejected: int = 0,
 ) -> PoolMoves:
     """The moves the device plugin's emulation applied and the cordons it saw (its clock from
-    ``start``, ``scale`` simulated seconds per second), with the controller's ``log``."""
+    ``start``, ``scale`` simulated seconds per second, to ``horizon``), with the controller's
+    ``log``; ``shared_at_start`` MPS nodes when the replay started."""
     nodes: dict[str, int] = {}
-    for move in moves:
+    shared, least, most = shared_at_start, shared_at_start, shared_at_start
+    area, last = 0.0, 0.0
+    for move in sorted(moves, key=lambda m: m.at):
         nodes[move.node] = nodes.get(move.node, 0) + 1
+        at = min(max((move.at - start) * scale, 0.0), horizon)
+        area += shared * (at - last)
+        last = at
+        shared += 1 if move.after == SHARED_CONFIG else -1
+        least, most = min(least, shared), max(most, shared)
+    area += shared * (horizon - last)
     return PoolMoves(
         nodes=nodes,
         to_shared=sum(1 for m in moves if m.after == SHARED_CONFIG),
@@ -79,4 +105,6 @@ def pool_moves(
         ),
         cancelled=sum(1 for c in cordons if c.relabelled is None),
         controller=move_counts([dict(r) for r in log]),
+        rejected=rejected,
+        shared_nodes=(shared_at_start, area / horizon if horizon > 0 else 0.0, least, most),
     )
