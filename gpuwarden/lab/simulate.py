@@ -121,7 +121,7 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
         shared_at_start=sum(pool.count for pool in replay.pools if pool.shared),
         rejected=len(replay.rejected),
     )
-    return replace(summary, notes=(*summary.notes, moves.note()), pool_moves=moves.as_json())
+    return replace(summary, notes=(*summary.notes, *moves.notes()), pool_moves=moves.as_json())
 
 
 def plan_load(plan: Plan) -> TraceLoad:

@@ -46,27 +46,28 @@ class PoolMoves:
             "kubeletRejected": self.rejected,
         }
 
-    def note(self) -> str:
+    def notes(self) -> tuple[str, ...]:
+        """The table's notes: the pools' size over time, then the moves' details."""
+        start, average, least, most = self.shared_nodes
         moved = ", ".join(f"{node} {count}" for node, count in sorted(self.nodes.items()))
         drains = (
-            f"; drains took {format_duration(percentile(self.drains, 0.5))} at p50, "
-            f"{format_duration(max(self.drains))} at most"
+            f"drains (cordon to relabel) took {format_duration(percentile(self.drains, 0.5))} "
+            f"at p50, {format_duration(percentile(self.drains, 0.95))} at p95; "
             if self.drains
             else ""
         )
-        start, average, least, most = self.shared_nodes
-        return (
-            f"the pools followed demand: MPS nodes {start} at the start, {average:.1f} on average, "
-            f"{least} to {most}; {self.to_shared} moves to the MPS pool, {self.to_whole} "
-            f"to the whole-GPU pool ({moved or 'no node moved'}){drains}; {self.cancelled} moves "
-            f"cancelled"
-            + (
-                f"; {self.rejected} pods bound as a node changed config, before its device plugin "
+        notes = [
+            f"the pools followed demand: MPS nodes {start} at the start, {average:.1f} on "
+            f"average, {least} to {most}; {self.to_shared} moves to the MPS pool, {self.to_whole} "
+            f"to the whole-GPU pool, {self.cancelled} cancelled",
+            f"{drains}moves per node: {moved or 'none'}",
+        ]
+        if self.rejected:
+            notes.append(
+                f"{self.rejected} pods bound as a node changed config, before its device plugin "
                 "advertised the new one, were refused by its kubelet and recreated"
-                if self.rejected
-                else ""
             )
-        )
+        return tuple(notes)
 
 
 def pool_moves(
