@@ -55,7 +55,7 @@ def node_view(node: Obj) -> dict[str, Any]:
     """What the planner reads of a node (the cache keeps only this)."""
     meta = node.get("metadata") or {}
     annotations = meta.get("annotations") or {}
-    capacity = _pick(node, "status", "capacity") or {}
+    status = node.get("status") or {}
     return {
         "metadata": {
             "name": meta.get("name"),
@@ -69,7 +69,8 @@ def node_view(node: Obj) -> dict[str, Any]:
         },
         "spec": {"unschedulable": bool(_pick(node, "spec", "unschedulable"))},
         "status": {
-            "capacity": {key: value for key, value in capacity.items() if "gpu" in str(key)}
+            name: {key: value for key, value in (status.get(name) or {}).items() if "gpu" in key}
+            for name in ("capacity", "allocatable")
         },
     }
 
@@ -160,10 +161,14 @@ class PoolController:
             informer.start()
         while not self._stop.is_set():
             if all(informer.synced for informer in self.informers):
-                self.reconcile()
-            self._wake.wait(self._interval)
+                try:
+                    self.reconcile()
+                except Exception:  # a bug in one plan must not stop the controller
+                    log.exception("pool controller: planning failed; trying again")
+            gap = min(self._interval, MAX_GAP)
+            self._stop.wait(gap)
+            self._wake.wait(self._interval - gap)
             self._wake.clear()
-            self._stop.wait(min(self._interval, MAX_GAP))
 
     def stop(self) -> None:
         self._stop.set()

@@ -59,26 +59,8 @@ def _as_chart_role(plane: ControlPlane, chart: list[dict[str, Any]], path: Path)
         if doc["kind"] == "ClusterRole"
         and doc["metadata"]["name"] == f"{RELEASE_NAME}-tenant-controller"
     ]
-    api = plane.api_client()
-    rbac: Any = k8s_client.RbacAuthorizationV1Api(api)
-    name = f"{USER}-{uuid.uuid4().hex[:6]}"
-    group = "rbac.authorization.k8s.io"
-    rbac.create_cluster_role({"metadata": {"name": name}, "rules": role["rules"]})
-    rbac.create_cluster_role_binding(
-        {
-            "metadata": {"name": name},
-            "roleRef": {"apiGroup": group, "kind": "ClusterRole", "name": name},
-            "subjects": [{"apiGroup": group, "kind": "User", "name": USER}],
-        }
-    )
-    try:
+    with plane.client_as(USER, role["rules"]):
         yield plane.write_kubeconfig_for(path, USER)
-    finally:
-        with contextlib.suppress(ApiException):
-            rbac.delete_cluster_role_binding(name)
-        with contextlib.suppress(ApiException):
-            rbac.delete_cluster_role(name)
-        api.close()  # type: ignore[no-untyped-call]
 
 
 def _install_local_queue_crd(api: k8s_client.ApiClient) -> None:

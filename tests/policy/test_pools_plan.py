@@ -4,6 +4,7 @@ a controller relabel GPU nodes."""
 from __future__ import annotations
 
 import datetime
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gpuwarden.policy.render.pools import (
     ANNOTATION_MOVED_AT,
     ANNOTATION_TARGET,
+    SETTLE_SECONDS,
     Ask,
     GpuUse,
     NodeChange,
@@ -90,17 +92,50 @@ def test_an_empty_whole_node_moves_at_once_when_shared_pods_wait() -> None:
     ]
     [change] = plan(settings(), nodes, shared(count=3), NOW)
     assert moves([change]) == [("b", "finished", "mps")]
+    # Relabelled, and cordoned until the device plugin advertises the new config.
     assert change.merge_patch() == {
         "metadata": {
             "labels": {LABEL: "mps"},
             "annotations": {
                 ANNOTATION_MOVED_AT: "2026-12-05T03:00:00.000000Z",
-                ANNOTATION_TARGET: None,
+                ANNOTATION_TARGET: "mps",
             },
-        }
+        },
+        "spec": {"unschedulable": True},
     }
     assert "offers 32 replicas for the 35 its pods hold and wait for" in change.reason
     assert "moved at once" in change.reason
+
+
+def relabelled(config: str, seconds_ago: float, **allocatable: int) -> PoolNode:
+    moved = node("b", config, cordoned=True, target=config, moved_seconds_ago=seconds_ago)
+    return replace(moved, allocatable=allocatable)
+
+
+def test_a_relabelled_node_is_uncordoned_once_the_plugin_advertises_its_config() -> None:
+    busy = node("a", "whole", held_gpus=8)
+    # The kubelet still shows the old config: it stays cordoned, and counts in its new pool.
+    waiting = relabelled("mps", 5, **{"nvidia.com/gpu": 0})
+    assert plan(settings(), [busy, waiting], shared(count=3), NOW) == []
+    advertised = relabelled("mps", 5, **{"nvidia.com/gpu.shared": 32, "nvidia.com/gpu": 0})
+    [ready] = plan(settings(), [busy, advertised], shared(count=3), NOW)
+    assert (ready.event, ready.message) == ("ready", "pool node ready")
+    assert ready.merge_patch() == {
+        "metadata": {"annotations": {ANNOTATION_TARGET: None}},
+        "spec": {"unschedulable": None},
+    }
+    # Past SETTLE_SECONDS it is uncordoned whatever the plugin advertises, and says so.
+    [late] = plan(settings(), [busy, relabelled("mps", SETTLE_SECONDS)], [], NOW)
+    assert late.event == "ready" and "uncordoned anyway" in late.reason
+
+
+def test_under_one_resource_name_the_count_tells_the_configs_apart() -> None:
+    plain = settings()._replace(shared_resource="nvidia.com/gpu")
+    assert plan(plain, [relabelled("mps", 5, **{"nvidia.com/gpu": 8})], [], NOW) == []
+    [ready] = plan(plain, [relabelled("mps", 5, **{"nvidia.com/gpu": 32})], [], NOW)
+    assert ready.event == "ready"
+    assert plan(plain, [relabelled("whole", 5, **{"nvidia.com/gpu": 32})], [], NOW) == []
+    assert plan(plain, [relabelled("whole", 5, **{"nvidia.com/gpu": 8})], [], NOW) != []
 
 
 def test_a_busy_node_is_cordoned_and_moves_when_its_pods_are_gone() -> None:
@@ -123,11 +158,11 @@ def test_a_busy_node_is_cordoned_and_moves_when_its_pods_are_gone() -> None:
     assert done.merge_patch() == {
         "metadata": {
             "labels": {LABEL: "mps"},
-            "annotations": {ANNOTATION_MOVED_AT: timestamp(NOW), ANNOTATION_TARGET: None},
+            "annotations": {ANNOTATION_MOVED_AT: timestamp(NOW), ANNOTATION_TARGET: "mps"},
         },
-        "spec": {"unschedulable": None},
+        "spec": {"unschedulable": True},
     }
-    assert done.reason.endswith("moved once drained")
+    assert "moved once drained, cordoned until the device plugin advertises" in done.reason
 
 
 def test_the_move_is_cancelled_when_the_demand_is_gone() -> None:
@@ -257,7 +292,7 @@ def test_a_target_that_names_no_other_pool_is_dropped() -> None:
     stale = node("a", "whole", cordoned=True, target="retired")
     [change] = plan(settings(), [stale], [], NOW)
     assert change.event == "cancelled" and change.unschedulable is False
-    assert change.reason == "its target 'retired' is not the other pool"
+    assert change.reason == "its target 'retired' is neither pool"
 
 
 def pod(
@@ -336,3 +371,10 @@ def test_a_moved_at_it_cannot_read_or_without_zone(raw: str) -> None:
     found = moves(plan(settings(), [odd, busy], whole(1), NOW))
     # Unreadable: as if it never moved. Without a zone: UTC, one second ago, so held.
     assert found == ([("s", "finished", "whole")] if raw == "yesterday" else [])
+
+
+def test_a_pod_no_node_could_hold_moves_nothing() -> None:
+    nodes = [node("s", "mps", 2, held_replicas=8), node("w", "whole", 4)]
+    # 17 replicas: more than any node offers (4 GPUs x 4); 5 GPUs: more than any node has.
+    assert plan(settings(), nodes, [Ask(0, 17), Ask(5, 0)], NOW) == []
+    assert moves(plan(settings(), nodes, [Ask(0, 16)], NOW)) == [("w", "finished", "mps")]

@@ -5,7 +5,8 @@ NVIDIA's device plugin takes a per-node config: its config-manager sidecar watch
 cmd/config-manager/main.go), writes the named config of the plugin's ConfigMap and restarts the
 plugin, which then advertises that config's resources. A container already running keeps the
 devices it was given, so a node changes config only once no GPU pod runs on it: it is cordoned,
-drained by its pods finishing (nothing is evicted), relabelled and uncordoned.
+drained by its pods finishing (nothing is evicted) and relabelled. It stays cordoned until the
+plugin advertises the new config, so that no pod is bound to it against the old one meanwhile.
 
 This module is the pure planner (:func:`plan`, ``now`` an argument) and the readers of the nodes
 and pods it plans from; :mod:`gpuwarden.kube.pools` watches the cluster and applies its changes.
@@ -16,7 +17,7 @@ for, plus ``sharedHeadroom``; the whole pool gets every other node.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
@@ -42,8 +43,18 @@ WHOLE_RESOURCE = "nvidia.com/gpu"
 # GPU Feature Discovery's count of the node's GPUs (NVIDIA/k8s-device-plugin internal/lm/
 # resource.go), the same whatever config the plugin runs.
 GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+# A relabelled node is uncordoned once the plugin advertises its new config, or after this long
+# whatever it advertises: by then the kubelet has dropped the old config's resource
+# (endpointStopGracePeriod, 5 minutes: kubernetes pkg/kubelet/cm/devicemanager/types.go).
+SETTLE_SECONDS = 300.0
 
-Event = Literal["started", "finished", "cancelled"]
+Event = Literal["started", "finished", "cancelled", "ready"]
+_MESSAGES: dict[Event, str] = {
+    "started": "pool move started",
+    "finished": "pool move finished",
+    "cancelled": "pool move cancelled",
+    "ready": "pool node ready",
+}
 
 
 class PoolSettings(NamedTuple):
@@ -94,7 +105,8 @@ class Ask(NamedTuple):
 @dataclass(frozen=True)
 class PoolNode:
     """A node as the planner reads it: its labels, our two annotations, whether it is cordoned,
-    its GPUs, and the whole GPUs and shared replicas its live GPU pods hold."""
+    its GPUs, the GPU resources it advertises (allocatable), and the whole GPUs and shared
+    replicas its live GPU pods hold."""
 
     name: str
     labels: Mapping[str, str]
@@ -103,6 +115,7 @@ class PoolNode:
     annotations: Mapping[str, str] = field(default_factory=dict)
     held_gpus: int = 0
     held_replicas: int = 0
+    allocatable: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def target(self) -> str | None:
@@ -166,15 +179,21 @@ def gpu_use(pod: Mapping[str, Any], settings: PoolSettings) -> GpuUse | None:
     return GpuUse("", whole, replicas, pending=True)
 
 
+def _gpu_resources(node: Mapping[str, Any], field_name: str) -> dict[str, int]:
+    """The node's status.capacity or status.allocatable, GPU resources only."""
+    status = node.get("status")
+    found = status.get(field_name) if isinstance(status, Mapping) else None
+    if not isinstance(found, Mapping):
+        return {}
+    return {str(key): _count(value) for key, value in found.items() if "gpu" in str(key)}
+
+
 def _gpu_count(node: Mapping[str, Any], labels: Mapping[str, str], settings: PoolSettings) -> int:
     """GFD's GPU count label; without it, what the node's capacity advertises."""
     counted = _count(labels.get(GPU_COUNT_LABEL, "0"))
     if counted:
         return counted
-    status = node.get("status")
-    capacity = status.get("capacity") if isinstance(status, Mapping) else None
-    if not isinstance(capacity, Mapping):
-        return 0
+    capacity = _gpu_resources(node, "capacity")
     whole = _count(capacity.get(WHOLE_RESOURCE, "0"))
     if settings.shared_resource == WHOLE_RESOURCE:
         config = labels.get(settings.pools.config_label)
@@ -215,6 +234,7 @@ def pool_nodes(
                 },
                 held_gpus=gpus_held,
                 held_replicas=replicas_held,
+                allocatable=_gpu_resources(node, "allocatable"),
             )
         )
     return out, pending
@@ -239,7 +259,7 @@ class NodeChange:
 
     @property
     def message(self) -> str:
-        return f"pool move {self.event}"
+        return _MESSAGES[self.event]
 
     def merge_patch(self) -> dict[str, Any]:
         """The node's JSON merge patch (RFC 7386)."""
@@ -295,9 +315,25 @@ class _Pools:
         return node.gpus * self.settings.replicas
 
 
-def _size_key(gpus: int, fits: bool) -> tuple[int, int]:
-    """The smallest node that covers what is missing, else the largest."""
-    return (0, gpus) if fits else (1, -gpus)
+def _first_to_move(
+    candidates: Iterable[PoolNode],
+    held: Callable[[PoolNode], int],
+    size: Callable[[PoolNode], int],
+    missing: int,
+) -> PoolNode:
+    """Empty nodes first (they move at once), then those already draining, then the one that
+    holds least; among equals the smallest whose ``size`` covers what is missing, else the
+    largest."""
+    return min(
+        candidates,
+        key=lambda n: (
+            not n.empty,
+            n.target is None,
+            held(n),
+            (0, n.gpus) if size(n) >= missing else (1, -n.gpus),
+            n.name,
+        ),
+    )
 
 
 def plan(
@@ -316,16 +352,19 @@ def plan(
         if config not in configs:
             continue
         target = node.target
-        if target is not None and (target == config or target not in configs):
-            changes.append(_cancel(node, config, f"its target {target!r} is not the other pool"))
+        if target is not None and target not in configs:
+            changes.append(_cancel(node, config, f"its target {target!r} is neither pool"))
             continue
         if node.unschedulable and target is None:
             continue  # cordoned by someone else: never touched, and no part of either pool
+        if target == config:  # relabelled: in its new pool, cordoned until the plugin follows
+            changes.extend(_settled(settings, node, config, now))
         managed.append(node)
 
     def movable(node: PoolNode) -> bool:
         if node.target is not None:
-            return True  # its move started: it may finish or be cancelled
+            # A move started may finish or be cancelled; a node relabelled waits for the plugin.
+            return node.target != node.labels[pools.config_label]
         if node.unschedulable or node.gpus <= 0:
             return False
         if any(node.labels.get(key) != value for key, value in pools.node_selector.items()):
@@ -333,6 +372,14 @@ def plan(
         moved = _moved_at(node)
         return moved is None or (now - moved).total_seconds() >= pools.hold_seconds
 
+    # A pod that no node could hold whatever its pool (more GPUs, or more replicas, than the
+    # largest node has) waits for no move: counting it would drain nodes for nothing.
+    largest = max((node.gpus for node in managed), default=0)
+    pending = [
+        ask
+        for ask in pending
+        if ask.whole <= largest and ask.replicas <= largest * settings.replicas
+    ]
     state = _Pools(
         settings,
         shared=[n for n in managed if n.labels[pools.config_label] == pools.shared_config],
@@ -349,10 +396,49 @@ def plan(
     for node, reason in to_whole:
         changes.extend(_move(node, pools.config_label, configs[::-1], reason, now))
     for node in managed:
-        if node.target is not None and node.name not in chosen:
-            source = node.labels[pools.config_label]
+        source = node.labels[pools.config_label]
+        if node.target not in (None, source) and node.name not in chosen:
             changes.append(_cancel(node, source, _why_cancelled(state, node, pending)))
     return changes
+
+
+def _advertises(settings: PoolSettings, node: PoolNode, config: str) -> bool:
+    """Whether the node's allocatable shows the device plugin running ``config``."""
+    shared = config == settings.pools.shared_config
+    resource = settings.shared_resource if shared else WHOLE_RESOURCE
+    count = node.allocatable.get(resource, 0)
+    if settings.shared_resource != WHOLE_RESOURCE:
+        return count > 0
+    # Both configs advertise nvidia.com/gpu: only the count tells them apart.
+    return count > 0 and count == node.gpus * (settings.replicas if shared else 1)
+
+
+def _settled(
+    settings: PoolSettings, node: PoolNode, config: str, now: datetime.datetime
+) -> list[NodeChange]:
+    """Uncordon a relabelled node once the plugin advertises its config (or after
+    SETTLE_SECONDS whatever it advertises)."""
+    if _advertises(settings, node, config):
+        reason = "the device plugin advertises its new config"
+    else:
+        moved = _moved_at(node)
+        if moved is not None and (now - moved).total_seconds() < SETTLE_SECONDS:
+            return []
+        reason = (
+            f"the device plugin does not advertise its new config {SETTLE_SECONDS:g}s after "
+            "it was relabelled; uncordoned anyway (check the plugin's config-manager log)"
+        )
+    return [
+        NodeChange(
+            node.name,
+            "ready",
+            config,
+            config,
+            reason,
+            annotations={ANNOTATION_TARGET: None},
+            unschedulable=False,
+        )
+    ]
 
 
 def _grow(state: _Pools, candidates: list[PoolNode]) -> list[tuple[PoolNode, str]]:
@@ -374,16 +460,7 @@ def _grow(state: _Pools, candidates: list[PoolNode]) -> list[tuple[PoolNode, str
         else:
             break
         missing = target - capacity
-        node = min(
-            candidates,
-            key=lambda n: (
-                not n.empty,
-                n.target is None,
-                n.held_gpus,
-                _size_key(n.gpus, state.cap(n) >= missing),
-                n.name,
-            ),
-        )
+        node = _first_to_move(candidates, lambda n: n.held_gpus, state.cap, missing)
         candidates.remove(node)
         state.whole.remove(node)
         state.shared.append(node)
@@ -398,7 +475,7 @@ def _shrink(
     under its floor), each only if the shared pool still covers its demand without it."""
     pools = state.settings.pools
     asks = [ask.whole for ask in pending if ask.whole]
-    waiting = sum(asks)
+    waiting, smallest = sum(asks), min(asks, default=0)
     incoming = 0
     chosen: list[tuple[PoolNode, str]] = []
     while candidates and len(state.shared) > pools.min_shared_nodes:
@@ -410,22 +487,12 @@ def _shrink(
         eligible = [
             n
             for n in candidates
-            if floor
-            or (n.gpus >= min(asks) and capacity - state.cap(n) >= target - n.held_replicas)
+            if floor or (n.gpus >= smallest and capacity - state.cap(n) >= target - n.held_replicas)
         ]
         if not eligible:
             break
         missing = waiting - incoming
-        node = min(
-            eligible,
-            key=lambda n: (
-                not n.empty,
-                n.target is None,
-                n.held_replicas,
-                _size_key(n.gpus, n.gpus >= missing),
-                n.name,
-            ),
-        )
+        node = _first_to_move(eligible, lambda n: n.held_replicas, lambda n: n.gpus, missing)
         if floor:
             reason = (
                 f"the whole pool has {_plural(len(state.whole), 'node')}, fewer than "
@@ -460,10 +527,11 @@ def _move(
                 source,
                 target,
                 f"{reason}; it holds no GPU pod, so it moved"
-                + (" once drained" if node.target is not None else " at once"),
+                + (" once drained" if node.target is not None else " at once")
+                + ", cordoned until the device plugin advertises its new config",
                 labels={label: target},
-                annotations={ANNOTATION_MOVED_AT: timestamp(now), ANNOTATION_TARGET: None},
-                unschedulable=False if node.target is not None else None,
+                annotations={ANNOTATION_MOVED_AT: timestamp(now), ANNOTATION_TARGET: target},
+                unschedulable=True,
             )
         ]
     if node.target == target and node.unschedulable:

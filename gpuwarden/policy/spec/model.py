@@ -195,8 +195,7 @@ ConfigName = Annotated[
 
 
 class NvidiaPools(StrictModel):
-    """Pools that follow demand: `gpuwarden pool-controller` moves drained nodes between the
-    device plugin's whole-GPU config and its MPS config (docs/pools.md). Admission ignores it."""
+    """Which nodes may move and how the pools are sized (docs/pools.md)."""
 
     config_label: LabelKey = Field(
         default=DEVICE_PLUGIN_CONFIG_LABEL,
@@ -276,8 +275,9 @@ class NvidiaBackend(_BackendBase):
     )
     pools: NvidiaPools | None = Field(
         default=None,
-        description="Move drained nodes between a whole-GPU and an MPS pool as demand changes "
-        "(gpuwarden pool-controller; needs mpsReplicas). No admission decision reads it",
+        description="Pools that follow demand: gpuwarden pool-controller moves drained nodes "
+        "between the device plugin's whole-GPU and MPS configs (needs mpsReplicas). No "
+        "admission decision reads it",
     )
 
     @model_validator(mode="after")
