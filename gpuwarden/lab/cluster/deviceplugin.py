@@ -206,7 +206,8 @@ class DevicePluginEmulation:
             if cordon is not None and relabelled:
                 self._cordoned[node.name] = cordon = (cordon[0], now)
             if node.unschedulable and cordon is None:
-                self._cordoned[node.name] = (now, None)
+                # Cordoned and relabelled at once: an empty node, moved without a drain.
+                self._cordoned[node.name] = (now, now if relabelled else None)
             elif not node.unschedulable and cordon is not None:
                 del self._cordoned[node.name]
                 self.cordons.append(Cordon(node.name, cordon[0], now, cordon[1]))

@@ -21,7 +21,9 @@ class PoolMoves:
     nodes: Mapping[str, int]  # node -> config changes
     to_shared: int
     to_whole: int
-    drains: tuple[float, ...]  # from cordon to its config label's change, each move drained
+    # From cordon to its config label's change, each move that drained (an empty node moves at
+    # once: cordoned and relabelled together, until its device plugin advertises the new config).
+    drains: tuple[float, ...]
     cancelled: int  # cordons lifted without a move
     controller: Mapping[str, int]  # what its log says: started, finished, cancelled
     rejected: int = 0  # pods a kubelet refused: bound to a node whose config had just changed
@@ -84,12 +86,19 @@ def pool_moves(
     """The moves the device plugin's emulation applied and the cordons it saw (its clock from
     ``start``, ``scale`` simulated seconds per second, to ``horizon``), with the controller's
     ``log``; ``shared_at_start`` MPS nodes when the replay started."""
+
+    def simulated(at: float) -> float:
+        return max((at - start) * scale, 0.0)
+
+    # What happened after the horizon (a replay that ran late) is left out.
+    moves = [m for m in moves if simulated(m.at) <= horizon]
+    cordons = [c for c in cordons if simulated(c.start) <= horizon]
     nodes: dict[str, int] = {}
     shared, least, most = shared_at_start, shared_at_start, shared_at_start
     area, last = 0.0, 0.0
     for move in sorted(moves, key=lambda m: m.at):
         nodes[move.node] = nodes.get(move.node, 0) + 1
-        at = min(max((move.at - start) * scale, 0.0), horizon)
+        at = simulated(move.at)
         area += shared * (at - last)
         last = at
         shared += 1 if move.after == SHARED_CONFIG else -1
@@ -100,9 +109,11 @@ def pool_moves(
         to_shared=sum(1 for m in moves if m.after == SHARED_CONFIG),
         to_whole=sum(1 for m in moves if m.after != SHARED_CONFIG),
         drains=tuple(
-            (c.relabelled - max(c.start, start)) * scale
+            simulated(c.relabelled) - simulated(c.start)
             for c in cordons
             if c.relabelled is not None
+            and c.relabelled > c.start
+            and simulated(c.relabelled) <= horizon
         ),
         cancelled=sum(1 for c in cordons if c.relabelled is None),
         controller=move_counts([dict(r) for r in log]),
