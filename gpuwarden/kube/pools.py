@@ -37,7 +37,7 @@ from gpuwarden.policy.render.pools import (
 MERGE_PATCH = "application/merge-patch+json"
 HTTP_NOT_FOUND, HTTP_CONFLICT = 404, 409
 # The least time between two plans, so that a burst of pod events is planned once.
-MAX_GAP = 1.0
+MIN_GAP = 1.0
 
 log = logging.getLogger("gpuwarden.pools")
 Obj = Mapping[str, Any]
@@ -113,7 +113,7 @@ def _now() -> datetime.datetime:
 
 
 class PoolController:
-    """Watches nodes and GPU pods; plans on every change (at most once per MAX_GAP) and every
+    """Watches nodes and GPU pods; plans on every change (at most once per MIN_GAP) and every
     ``interval`` seconds, and patches the nodes the plan changes.
 
     ``settings`` returns the pools to follow (None: none valid now, so nothing is planned).
@@ -165,7 +165,7 @@ class PoolController:
                     self.reconcile()
                 except Exception:  # a bug in one plan must not stop the controller
                     log.exception("pool controller: planning failed; trying again")
-            gap = min(self._interval, MAX_GAP)
+            gap = min(self._interval, MIN_GAP)
             self._stop.wait(gap)
             self._wake.wait(self._interval - gap)
             self._wake.clear()

@@ -118,7 +118,7 @@ def test_a_node_changed_meanwhile_is_planned_again(monkeypatch: pytest.MonkeyPat
     pools = controller(monkeypatch, core)
     assert pools.reconcile() == []
     [change] = pools.reconcile()
-    assert change.node == "a" and change.event == "finished"
+    assert change.node == "a" and change.event == "started"
     # Each patch is conditional on the node the plan read.
     assert [body["metadata"]["resourceVersion"] for _, body in core.calls] == ["1", "1"]
     assert (pools.applied, pools.failed) == (1, 1)

@@ -170,7 +170,8 @@ def test_nodes_follow_shared_demand(
     _pod(api_client, namespace, SHARED, 4, node=full)
     whole_pod = _pod(api_client, namespace, "nvidia.com/gpu", 1, node=busy)
 
-    # A shared pod waits and the MPS node is full: the empty whole node moves at once.
+    # A shared pod waits and the MPS node is full: the empty whole node moves at once (cordoned,
+    # then relabelled by the next plan since it still holds no GPU pod).
     _pod(api_client, namespace, SHARED, 1)
     moved = wait_for(
         f"{empty} relabelled to the MPS config",
@@ -213,6 +214,7 @@ def test_nodes_follow_shared_demand(
 
     # One JSON line per action on stderr.
     assert [(a["msg"], a["node"], a["from"], a["to"]) for a in _actions(controller)] == [
+        ("pool move started", empty, "whole", "mps"),
         ("pool move finished", empty, "whole", "mps"),
         ("pool node ready", empty, "mps", "mps"),
         ("pool move started", busy, "whole", "mps"),

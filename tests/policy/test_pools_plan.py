@@ -91,8 +91,18 @@ def test_an_empty_whole_node_moves_at_once_when_shared_pods_wait() -> None:
         node("s", "mps", held_replicas=32),
     ]
     [change] = plan(settings(), nodes, shared(count=3), NOW)
+    assert moves([change]) == [("b", "started", "mps")]
+    # Cordoned first, so that a pod bound to it meanwhile is seen by the next plan...
+    assert change.merge_patch() == {
+        "metadata": {"annotations": {ANNOTATION_TARGET: "mps"}},
+        "spec": {"unschedulable": True},
+    }
+    assert "offers 32 replicas for the 35 its pods hold and wait for" in change.reason
+    assert "relabelled at the next plan if it still holds none" in change.reason
+    # ... which relabels it, still cordoned until the device plugin advertises the new config.
+    cordoned = node("b", "whole", cordoned=True, target="mps")
+    [change] = plan(settings(), [nodes[0], cordoned, nodes[2]], shared(count=3), NOW)
     assert moves([change]) == [("b", "finished", "mps")]
-    # Relabelled, and cordoned until the device plugin advertises the new config.
     assert change.merge_patch() == {
         "metadata": {
             "labels": {LABEL: "mps"},
@@ -103,8 +113,9 @@ def test_an_empty_whole_node_moves_at_once_when_shared_pods_wait() -> None:
         },
         "spec": {"unschedulable": True},
     }
-    assert "offers 32 replicas for the 35 its pods hold and wait for" in change.reason
-    assert "moved at once" in change.reason
+    # A pod bound to it just before the cordon: it drains instead.
+    bound = replace(cordoned, held_replicas=0, held_gpus=1)
+    assert plan(settings(), [nodes[0], bound, nodes[2]], shared(count=3), NOW) == []
 
 
 def relabelled(config: str, seconds_ago: float, **allocatable: int) -> PoolNode:
@@ -162,7 +173,7 @@ def test_a_busy_node_is_cordoned_and_moves_when_its_pods_are_gone() -> None:
         },
         "spec": {"unschedulable": True},
     }
-    assert "moved once drained, cordoned until the device plugin advertises" in done.reason
+    assert "so it is relabelled, and cordoned until the device plugin advertises" in done.reason
 
 
 def test_the_move_is_cancelled_when_the_demand_is_gone() -> None:
@@ -180,7 +191,7 @@ def test_a_node_that_empties_takes_over_from_a_busy_one_draining() -> None:
     draining = node("a", "whole", held_gpus=1, cordoned=True, target="mps")
     freed = node("b", "whole")
     changes = plan(settings(), [draining, freed], shared(), NOW)
-    assert moves(changes) == [("b", "finished", "mps"), ("a", "cancelled", "mps")]
+    assert moves(changes) == [("b", "started", "mps"), ("a", "cancelled", "mps")]
 
 
 def test_nothing_moves_back_within_hold_seconds() -> None:
@@ -189,7 +200,7 @@ def test_nothing_moves_back_within_hold_seconds() -> None:
     assert plan(settings(), [just_moved, busy_whole], whole(2), NOW) == []
     later = node("s", "mps", moved_seconds_ago=600)
     assert moves(plan(settings(), [later, busy_whole], whole(2), NOW)) == [
-        ("s", "finished", "whole")
+        ("s", "started", "whole")
     ]
     # Fractional holds, as the lab's scaled replay passes them.
     quick = settings(hold_seconds=0.25)
@@ -212,7 +223,7 @@ def test_a_node_an_admin_cordoned_is_never_touched_nor_counted() -> None:
     admin_shared = node("s", "mps", cordoned=True)
     # Its replicas are no part of the shared pool: an empty whole node is still moved.
     assert moves(plan(settings(), [admin_shared, node("b", "whole")], shared(), NOW)) == [
-        ("b", "finished", "mps")
+        ("b", "started", "mps")
     ]
     # And it is never uncordoned, whatever the demand.
     assert plan(settings(), [admin_shared, node("b", "whole", held_gpus=8)], whole(1), NOW) == []
@@ -251,30 +262,30 @@ def test_a_draining_shared_node_comes_back_when_shared_demand_rises() -> None:
 def test_mixed_sizes_take_the_smallest_node_that_covers_the_shortfall() -> None:
     nodes = [node("big", "whole", 8), node("mid", "whole", 4), node("small", "whole", 2)]
     # 6 replicas missing: a 2-GPU node gives 8.
-    assert moves(plan(settings(), nodes, shared(1, 6), NOW)) == [("small", "finished", "mps")]
+    assert moves(plan(settings(), nodes, shared(1, 6), NOW)) == [("small", "started", "mps")]
     # 12 missing: the 4-GPU node gives 16.
-    assert moves(plan(settings(), nodes, shared(1, 12), NOW)) == [("mid", "finished", "mps")]
+    assert moves(plan(settings(), nodes, shared(1, 12), NOW)) == [("mid", "started", "mps")]
     # 40 missing: the largest first, then what covers the rest.
     assert moves(plan(settings(), nodes, shared(1, 40), NOW)) == [
-        ("big", "finished", "mps"),
-        ("small", "finished", "mps"),
+        ("big", "started", "mps"),
+        ("small", "started", "mps"),
     ]
     # A whole pod of 4 GPUs cannot use a 2-GPU shared node.
     shared_nodes = [node("s2", "mps", 2), node("s8", "mps", 8), node("w", "whole", 8, held_gpus=8)]
-    assert moves(plan(settings(), shared_nodes, whole(4), NOW)) == [("s8", "finished", "whole")]
+    assert moves(plan(settings(), shared_nodes, whole(4), NOW)) == [("s8", "started", "whole")]
 
 
 def test_headroom_and_floors() -> None:
     nodes = [node("a", "whole"), node("b", "whole")]
-    assert moves(plan(settings(shared_headroom=1), nodes, [], NOW)) == [("a", "finished", "mps")]
-    assert moves(plan(settings(min_shared_nodes=1), nodes, [], NOW)) == [("a", "finished", "mps")]
+    assert moves(plan(settings(shared_headroom=1), nodes, [], NOW)) == [("a", "started", "mps")]
+    assert moves(plan(settings(min_shared_nodes=1), nodes, [], NOW)) == [("a", "started", "mps")]
     # minWholeNodes keeps the last whole node whatever waits.
     assert moves(plan(settings(min_whole_nodes=1), nodes, shared(1, 40), NOW)) == [
-        ("a", "finished", "mps")
+        ("a", "started", "mps")
     ]
     two_shared = [node("a", "mps"), node("b", "mps")]
     assert moves(plan(settings(min_whole_nodes=1), two_shared, [], NOW)) == [
-        ("a", "finished", "whole")
+        ("a", "started", "whole")
     ]
     assert plan(settings(min_shared_nodes=2), two_shared, whole(1), NOW) == []
 
@@ -282,7 +293,7 @@ def test_headroom_and_floors() -> None:
 def test_nodes_outside_the_selector_or_the_two_configs_stay() -> None:
     pools = settings(node_selector={"pool": "flex"})
     nodes = [node("fixed", "whole"), node("other", "default"), node("flex", "whole", pool="flex")]
-    assert moves(plan(pools, nodes, shared(), NOW)) == [("flex", "finished", "mps")]
+    assert moves(plan(pools, nodes, shared(), NOW)) == [("flex", "started", "mps")]
     # A fixed shared node still counts: its free replicas cover the demand.
     covered = [node("fixed", "mps"), node("flex", "whole", pool="flex")]
     assert plan(pools, covered, shared(), NOW) == []
@@ -370,11 +381,11 @@ def test_a_moved_at_it_cannot_read_or_without_zone(raw: str) -> None:
     busy = node("w", "whole", held_gpus=8)
     found = moves(plan(settings(), [odd, busy], whole(1), NOW))
     # Unreadable: as if it never moved. Without a zone: UTC, one second ago, so held.
-    assert found == ([("s", "finished", "whole")] if raw == "yesterday" else [])
+    assert found == ([("s", "started", "whole")] if raw == "yesterday" else [])
 
 
 def test_a_pod_no_node_could_hold_moves_nothing() -> None:
     nodes = [node("s", "mps", 2, held_replicas=8), node("w", "whole", 4)]
     # 17 replicas: more than any node offers (4 GPUs x 4); 5 GPUs: more than any node has.
     assert plan(settings(), nodes, [Ask(0, 17), Ask(5, 0)], NOW) == []
-    assert moves(plan(settings(), nodes, [Ask(0, 16)], NOW)) == [("w", "finished", "mps")]
+    assert moves(plan(settings(), nodes, [Ask(0, 16)], NOW)) == [("w", "started", "mps")]

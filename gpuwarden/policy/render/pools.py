@@ -321,8 +321,8 @@ def _first_to_move(
     size: Callable[[PoolNode], int],
     missing: int,
 ) -> PoolNode:
-    """Empty nodes first (they move at once), then those already draining, then the one that
-    holds least; among equals the smallest whose ``size`` covers what is missing, else the
+    """Empty nodes first (they move within a plan or two), then those already draining, then the
+    one that holds least; among equals the smallest whose ``size`` covers what is missing, else the
     largest."""
     return min(
         candidates,
@@ -517,37 +517,40 @@ def _shrink(
 def _move(
     node: PoolNode, label: str, moves: tuple[str, str], reason: str, now: datetime.datetime
 ) -> list[NodeChange]:
-    """Relabel a node that holds no GPU pod; cordon one that does (``moves``: from, to)."""
+    """Cordon the node toward ``moves`` (from, to); relabel it once it is cordoned and holds no
+    GPU pod. An empty node is cordoned first too, and relabelled by the next plan if it still
+    holds none: a pod bound to it just before the cordon then keeps it draining."""
     source, target = moves
-    if node.empty:
+    draining = node.target == target and node.unschedulable
+    if node.empty and draining:
         return [
             NodeChange(
                 node.name,
                 "finished",
                 source,
                 target,
-                f"{reason}; it holds no GPU pod, so it moved"
-                + (" once drained" if node.target is not None else " at once")
-                + ", cordoned until the device plugin advertises its new config",
+                f"{reason}; no GPU pod runs on it, so it is relabelled, and cordoned until the "
+                "device plugin advertises its new config",
                 labels={label: target},
                 annotations={ANNOTATION_MOVED_AT: timestamp(now), ANNOTATION_TARGET: target},
                 unschedulable=True,
             )
         ]
-    if node.target == target and node.unschedulable:
-        return []  # draining already
-    held = (
-        _plural(node.held_gpus, "whole GPU")
-        if node.held_gpus
-        else _plural(node.held_replicas, "shared replica")
-    )
+    if draining:
+        return []
+    if node.empty:
+        until = "it holds no GPU pod, so it is relabelled at the next plan if it still holds none"
+    elif node.held_gpus:
+        until = f"the pods holding its {_plural(node.held_gpus, 'whole GPU')} finish"
+    else:
+        until = f"the pods holding its {_plural(node.held_replicas, 'shared replica')} finish"
     return [
         NodeChange(
             node.name,
             "started",
             source,
             target,
-            f"{reason}; cordoned until the pods holding its {held} finish",
+            f"{reason}; cordoned until {until}",
             annotations={ANNOTATION_TARGET: target},
             unschedulable=True,
         )
