@@ -34,6 +34,7 @@ from gpuwarden.lab.inputs.alibaba import (
 )
 from gpuwarden.lab.inputs.defaulttrace import BUILTIN_TRACES, default_namespaces
 from gpuwarden.lab.inputs.trace import TraceError, TraceRow, parse_seconds, parse_trace, trace_csv
+from gpuwarden.lab.planning.follow import FollowPools
 from gpuwarden.lab.planning.plan import (
     StrategyPlan,
     plan_strategy,
@@ -215,12 +216,22 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
         "--mps-nodes",
         type=_mps_nodes,
         default=None,
-        metavar="N|auto|sweep[:N,...]",
+        metavar="N|auto|sweep[:N,...]|follow",
         help="nodes that share GPUs through MPS, for strategies that share (default auto: as many "
         "as the strategy's shared pods ask for at most at once, within what leaves whole-GPU "
         "work its share); sweep: replay each sharing strategy with the auto estimate and the "
         f"{SWEEP_SIZE - 1} other counts that leave the most work reachable (sweep:N,...: these "
-        "counts) and recommend one",
+        "counts) and recommend one; follow: start from auto's split and run gpuwarden "
+        "pool-controller against the lab, which moves drained nodes between the pools through "
+        "the device plugin's config label",
+    )
+    parser.add_argument(
+        "--shared-headroom",
+        type=int,
+        metavar="N",
+        help="--mps-nodes follow: free MPS replicas the controller keeps ready beyond what shared "
+        "pods hold and wait for (its policy's pools.sharedHeadroom; default: "
+        f"{FOLLOW_HEADROOM_GPUS} GPUs' replicas)",
     )
     parser.add_argument(
         "--parallel",
@@ -256,6 +267,15 @@ def _output_options(parser: argparse.ArgumentParser) -> None:
 SWEEP_SIZE, SWEEP_PARALLEL = 3, 2
 
 
+#: --mps-nodes follow's sharedHeadroom unless --shared-headroom says: this many GPUs' replicas.
+FOLLOW_HEADROOM_GPUS = 4
+
+
+@dataclass(frozen=True)
+class FollowDemand:
+    """`--mps-nodes follow`: the MPS pool follows demand during the replay."""
+
+
 @dataclass(frozen=True)
 class SplitSweep:
     """`--mps-nodes sweep`: the counts to replay (empty: chosen by :func:`split_candidates`)."""
@@ -263,16 +283,20 @@ class SplitSweep:
     counts: tuple[int, ...] = ()
 
 
-def _mps_nodes(text: str) -> int | SplitSweep | None:
+def _mps_nodes(text: str) -> int | SplitSweep | FollowDemand | None:
     if text.strip() == "auto":
         return None
+    if text.strip() == "follow":
+        return FollowDemand()
     word, sep, listed = text.strip().partition(":")
     if word == "sweep":
         return _sweep_counts(listed) if sep else SplitSweep()
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of nodes or auto") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of nodes, auto, sweep or follow"
+        ) from None
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more (or auto)")
     return value
@@ -384,7 +408,7 @@ def _layout(args: argparse.Namespace) -> Layout:
         )
     elif args.node_sample is not None:
         raise InputError("--node-sample: only with --node-list")
-    mps = None if isinstance(args.mps_nodes, SplitSweep) else args.mps_nodes
+    mps = None if isinstance(args.mps_nodes, SplitSweep | FollowDemand) else args.mps_nodes
     return Layout(args.nodes, args.gpus_per_node, mps, args.mps_replicas, node_pools=pools)
 
 
@@ -541,6 +565,35 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
     return replace(plan, strategies=strategies), swept
 
 
+def _follow(plan: simulate.Plan, headroom: int | None) -> simulate.Plan:
+    """The plan with each sharing strategy's pools following demand from its split."""
+    queued = [p.strategy.name for p in plan.strategies if p.strategy.kueue]
+    if queued:
+        raise InputError(
+            f"--mps-nodes follow: {', '.join(queued)}: Kueue's quotas are per resource and fixed "
+            "(quota.sharedGpus counts the MPS nodes' GPUs), so its pools cannot follow demand; "
+            "replay it with --mps-nodes auto, N or sweep"
+        )
+    layout = plan.layout
+    if headroom is None:
+        headroom = FOLLOW_HEADROOM_GPUS * layout.mps_replicas
+    follow = FollowPools(headroom)
+    strategies = [
+        replace(
+            planned,
+            follow=follow,
+            notes=(
+                *planned.notes,
+                follow.note(planned.layout.mps_nodes or 0, layout.node_count),
+            ),
+        )
+        if planned.strategy.shares
+        else planned
+        for planned in plan.strategies
+    ]
+    return replace(plan, strategies=strategies)
+
+
 def _reachable(
     rows: Sequence[TraceRow], layout: Layout, horizon: float, planned: StrategyPlan
 ) -> Callable[[int], float]:
@@ -598,6 +651,12 @@ def _sweep_outputs(
     return tables, bodies
 
 
+def _mps_nodes_json(asked: object, layout: Layout) -> str | int:
+    if isinstance(asked, FollowDemand):
+        return "follow"
+    return "auto" if layout.mps_nodes is None else layout.mps_nodes
+
+
 def interruptible() -> None:
     """Let Ctrl-C stop the replay even where SIGINT was ignored at start (``nohup``, ``&`` jobs,
     some CI runners): Python then installs no KeyboardInterrupt handler of its own. Only the
@@ -632,13 +691,20 @@ def run(args: argparse.Namespace) -> int:
     if args.fill is not None:
         return _run_fill(args)
     sweep = args.mps_nodes if isinstance(args.mps_nodes, SplitSweep) else None
+    follow = isinstance(args.mps_nodes, FollowDemand)
     swept: list[Swept] = []
     try:
         if args.parallel is not None and args.parallel < 1:
             raise InputError("--parallel must be 1 or more")
+        if args.shared_headroom is not None and not follow:
+            raise InputError("--shared-headroom: only with --mps-nodes follow")
+        if args.shared_headroom is not None and args.shared_headroom < 0:
+            raise InputError("--shared-headroom must be 0 or more")
         plan = _plan(args)
         if plan is not None and sweep is not None:
             plan, swept = _sweep(plan, sweep)
+        if plan is not None and follow:
+            plan = _follow(plan, args.shared_headroom)
     except (InputError, TraceError) as exc:
         eprint(f"error: {exc}")
         return EXIT_USAGE
@@ -664,7 +730,7 @@ def run(args: argparse.Namespace) -> int:
                 "nodes": plan.layout.node_count,
                 "physicalGpus": plan.layout.physical_gpus,
                 "gpusPerNode": plan.layout.gpus_per_node,
-                "mpsNodes": "auto" if plan.layout.mps_nodes is None else plan.layout.mps_nodes,
+                "mpsNodes": _mps_nodes_json(args.mps_nodes, plan.layout),
                 "mpsReplicas": plan.layout.mps_replicas,
             },
             "strategies": [r.as_json(load) for r in reports],
@@ -696,6 +762,7 @@ def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
             ("--only", args.only),
             ("--policies", args.policies),
             ("--mps-nodes sweep", isinstance(args.mps_nodes, SplitSweep)),
+            ("--mps-nodes follow", isinstance(args.mps_nodes, FollowDemand)),
         )
         if value
     ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TextIO
 
 from gpuwarden.lab.cluster.controlplane import Tools
@@ -15,6 +15,7 @@ from gpuwarden.lab.planning.plan import StrategyPlan
 from gpuwarden.lab.planning.strategies import Layout
 from gpuwarden.lab.replay.records import PodRecord
 from gpuwarden.lab.replay.replay import Replay, Stopped
+from gpuwarden.lab.reporting.pools import pool_moves
 from gpuwarden.lab.reporting.report import StrategyReport, TraceLoad, summarize, trace_load
 
 _BAR_WIDTH = 30
@@ -94,7 +95,7 @@ def run(plan: Plan, tools: Tools, *, progress: TextIO | None = None) -> list[Str
 
 def report(replay: Replay, plan: Plan) -> StrategyReport:
     samples = replay.model.samples
-    return summarize(
+    summary = summarize(
         replay.strategy.name,
         replay.records.values(),
         replay.outcomes,
@@ -107,6 +108,20 @@ def report(replay: Replay, plan: Plan) -> StrategyReport:
         quotas=replay.strategy.queues,
         shared_quotas=replay.strategy.shared_gpus,
     )
+    following = replay.following
+    if following is None:
+        return summary
+    moves = pool_moves(
+        following.emulation.moves,
+        following.emulation.cordons,
+        following.log,
+        start=replay.started_at,
+        scale=plan.scale,
+        horizon=plan.horizon,
+        shared_at_start=sum(pool.count for pool in replay.pools if pool.shared),
+        rejected=len(replay.rejected),
+    )
+    return replace(summary, notes=(*summary.notes, *moves.notes()), pool_moves=moves.as_json())
 
 
 def plan_load(plan: Plan) -> TraceLoad:

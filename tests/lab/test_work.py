@@ -47,6 +47,29 @@ def _row(
 # -- the model ------------------------------------------------------------------------------
 
 
+def test_a_node_that_moved_to_mps_shares_its_gpus_among_the_pods_bound_after() -> None:
+    """A whole-GPU node empties, its device plugin config changes to MPS (issue 33, item 4):
+    the next pods hold a quarter of a GPU each, slowed by what they share."""
+    model = WorkModel({"flex-0": NodeGpus(2)})
+    model.start("job", 0.0, node="flex-0", whole=2, slices=0, asked=2, busy=1.0, target=HOUR)
+    model.stop("job", HOUR)
+    model.configure("flex-0", NodeGpus(2, replicas=4), HOUR)
+    for key in ("a", "b", "c"):
+        model.start(key, HOUR, node="flex-0", whole=0, slices=1, asked=1, busy=0.6, target=HOUR)
+    # Spread over both GPUs (fewest replicas in use first): a and c share GPU 0.
+    assert model.placement("a") == model.placement("c") == (("flex-0", 0),)
+    assert model.samples[-1].allocated == pytest.approx(0.75)
+    assert model.speed("a") == pytest.approx(1 / 1.2)
+    assert model.speed("b") == pytest.approx(1.0)
+    # Back to whole GPUs once they are done: a slice's stop frees one slot, not a whole GPU.
+    for key in ("a", "b", "c"):
+        model.stop(key, 3 * HOUR)
+    model.configure("flex-0", NodeGpus(2), 3 * HOUR)
+    model.start("next", 3 * HOUR, node="flex-0", whole=2, slices=0, asked=2, busy=1.0)
+    assert model.placement("next") == (("flex-0", 0), ("flex-0", 1))
+    assert model.samples[-1].allocated == pytest.approx(2.0)
+
+
 def test_two_pods_at_busy_06_on_one_gpu_both_take_1_2_times_as_long() -> None:
     model = WorkModel({"mps-0": NodeGpus(1, replicas=4)})
     for key in ("a", "b"):

@@ -25,6 +25,7 @@ import atexit
 import base64
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -193,6 +194,21 @@ def free_ports(count: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
+
+
+def json_log_records(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object line of a process's log (other lines are skipped; no log: none)."""
+    records: list[dict[str, Any]] = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return records
+    for line in text.splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict):
+                records.append(record)
+    return records
 
 
 def die_with_parent() -> None:

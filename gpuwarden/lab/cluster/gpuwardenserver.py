@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -27,7 +26,12 @@ from typing import IO, Any, TypeVar
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.lab.cluster.controlplane import REPO_ROOT, die_with_parent, free_ports
+from gpuwarden.lab.cluster.controlplane import (
+    REPO_ROOT,
+    die_with_parent,
+    free_ports,
+    json_log_records,
+)
 
 Obj = dict[str, Any]
 T = TypeVar("T")
@@ -224,13 +228,7 @@ class GpuwardenServer:
         """Every JSON line of the server's log so far (other lines are skipped)."""
         if self._log is not None:
             self._log.flush()
-        records = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):
-                record = json.loads(line)
-                if isinstance(record, dict):
-                    records.append(record)
-        return records
+        return json_log_records(self.log_path)
 
     def admissions(self, *, namespace: str | None = None, pod: str | None = None) -> list[Obj]:
         """The server's "admission" log lines (one per answered review), optionally filtered."""

@@ -10,7 +10,7 @@ sharing config sets ``renameByDefault``). Labels are GPU Feature Discovery's
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from gpuwarden.lab.cluster.stages import NODE_ANNOTATION, NODE_ANNOTATION_VALUE
@@ -25,6 +25,12 @@ SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 SHARED_PRODUCT_SUFFIX = "-SHARED"
 #: The label every lab node carries, with its pool's name (so a run can list its nodes).
 POOL_LABEL = "lab.gpuwarden.io/pool"
+#: The node label NVIDIA's device plugin takes its per-node config from: its config-manager
+#: sidecar watches it (NVIDIA/k8s-device-plugin cmd/config-manager/main.go, flag --node-label)
+#: and the value names one config of the plugin's ConfigMap (the Helm chart's config.map).
+CONFIG_LABEL = "nvidia.com/device-plugin.config"
+#: The lab's two configs: whole GPUs, and each GPU shared through MPS (renameByDefault).
+WHOLE_CONFIG, SHARED_CONFIG = "whole", "mps"
 
 
 def mps_sm_share(pod: Mapping[str, Any]) -> float | None:
@@ -97,6 +103,16 @@ class GpuNodePool:
         return self.mps_replicas > 1
 
     @property
+    def config(self) -> str:
+        """The device plugin config its nodes are labelled with (:data:`CONFIG_LABEL`)."""
+        return SHARED_CONFIG if self.shared else WHOLE_CONFIG
+
+    def configured(self, replicas: int) -> GpuNodePool:
+        """The same nodes under a device plugin config of ``replicas`` MPS replicas per GPU (1:
+        whole GPUs), shared replicas renamed as the lab's MPS config does."""
+        return replace(self, mps_replicas=replicas, rename_shared=replicas > 1)
+
+    @property
     def gpu_resource(self) -> str:
         """The resource name pods of this pool ask for."""
         return SHARED_GPU_RESOURCE if self.shared and self.rename_shared else GPU_RESOURCE
@@ -127,9 +143,12 @@ class GpuNodePool:
             "nvidia.com/mps.capable": "true" if self.shared else "false",
         }
 
+    def advertised(self) -> dict[str, str]:
+        """The GPU resource its device plugin advertises, at its count."""
+        return {self.gpu_resource: str(self.gpus_per_node * self.mps_replicas)}
+
     def node_manifest(self, name: str) -> dict[str, Any]:
-        advertised = {self.gpu_resource: str(self.gpus_per_node * self.mps_replicas)}
-        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", **advertised}
+        resources = {"cpu": "128", "memory": "1Ti", "pods": "110", **self.advertised()}
         return {
             "apiVersion": "v1",
             "kind": "Node",
@@ -140,6 +159,7 @@ class GpuNodePool:
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     POOL_LABEL: self.name,
+                    CONFIG_LABEL: self.config,
                     **self.gfd_labels(),
                     **dict(self.labels),
                 },

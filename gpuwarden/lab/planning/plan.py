@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
+from gpuwarden.lab.planning.follow import FollowPools
 from gpuwarden.lab.planning.sizing import (
     probe_counts,
     shared_demand,
@@ -47,6 +48,8 @@ class StrategyPlan:
     priority_classes: tuple[Mapping[str, Any], ...]
     view: ClusterView  # what the policy core knows of the lab before any pod exists
     decisions: Mapping[int, Admission]  # by trace row; none without policies
+    # Its MPS pool follows demand from the layout's split (None: the split stays fixed).
+    follow: FollowPools | None = None
 
 
 def namespace_view_labels(

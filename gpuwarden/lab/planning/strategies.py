@@ -219,13 +219,18 @@ def lab_documents(docs: Iterable[Any], source: str) -> tuple[list[Any], list[str
 def with_mps_replicas(text: str, source: str, replicas: int) -> str:
     """A policy file's YAML with ``mpsReplicas`` on every nvidia backend: the lab's MPS nodes
     share each GPU ``replicas`` ways, which is what Kueue's shared quotas must count."""
+    return with_nvidia_fields(text, source, {"mpsReplicas": replicas})
+
+
+def with_nvidia_fields(text: str, source: str, fields: Mapping[str, Any]) -> str:
+    """A policy file's YAML with ``fields`` set on every nvidia backend."""
 
     def change(backend: Any, where: str) -> Any:
         del where
         if backend == "nvidia":
             backend = {"type": "nvidia"}
         if isinstance(backend, Mapping) and backend.get("type") == "nvidia":
-            return {**backend, "mpsReplicas": replicas}
+            return {**backend, **fields}
         return backend
 
     docs = list(yaml.safe_load_all(text))

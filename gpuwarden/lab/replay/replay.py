@@ -27,15 +27,16 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, TypeVar
 
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, Obj
-from gpuwarden.lab.cluster.controlplane import Tools
+from gpuwarden.lab.cluster.controlplane import ControlPlane, Process, Tools, json_log_records
+from gpuwarden.lab.cluster.deviceplugin import ENDPOINT_STOP_GRACE, DevicePluginEmulation
 from gpuwarden.lab.cluster.kueue import (
     Kueue,
     collect_workloads,
@@ -43,10 +44,22 @@ from gpuwarden.lab.cluster.kueue import (
     preemption_reason,
     running_kueue,
 )
-from gpuwarden.lab.cluster.nodes import mps_sm_share, pod_devices
+from gpuwarden.lab.cluster.nodes import (
+    SHARED_CONFIG,
+    WHOLE_CONFIG,
+    GpuNodePool,
+    mps_sm_share,
+    pod_devices,
+)
+from gpuwarden.lab.cluster.poolcontroller import (
+    check_running,
+    start_pool_controller,
+    write_policies,
+)
 from gpuwarden.lab.cluster.schedulinglab import SchedulingLab, ensure_namespaces, lab_control_plane
 from gpuwarden.lab.cluster.stages import WORK_DONE
 from gpuwarden.lab.inputs.trace import ROW_LABEL, TraceRow, row_pod
+from gpuwarden.lab.planning.follow import FollowPools, pools_policy_texts
 from gpuwarden.lab.planning.plan import StrategyPlan, attempt_pod, idle_stop_rules
 from gpuwarden.lab.planning.strategies import queue_objects
 from gpuwarden.lab.replay.admitted import AdmittedMemory
@@ -149,6 +162,16 @@ class Observed(Generic[T]):
             self._observe(item, True)
 
 
+@dataclass
+class Following:
+    """What makes a replay's pools follow demand: the device plugin's emulation and the
+    controller's process, and the JSON lines of its log once it stopped."""
+
+    emulation: DevicePluginEmulation
+    controller: Process
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Replay:
     """One strategy's replay (run() blocks until the horizon, or raises Stopped)."""
 
@@ -174,13 +197,17 @@ class Replay:
         self.stop = stop
         self.progress = Progress()
         self.pools = self.layout.pools(strategy.shares)
+        self.shapes = {name: pool for pool in self.pools for name in pool.node_names}
         self.model = WorkModel(
             {
                 name: NodeGpus(pool.gpus_per_node, pool.mps_replicas)
-                for pool in self.pools
-                for name in pool.node_names
+                for name, pool in self.shapes.items()
             }
         )
+        # --mps-nodes follow: the device plugin's emulation and the pool controller, while
+        # the replay runs.
+        self.following: Following | None = None
+        self.rejected: set[str] = set()  # pods the kubelet refused at admission
         self.ledger = Ledger(rows, self.model, horizon, idle_rules=idle_stop_rules(plan, rows))
         self.outcomes: list[RowOutcome] = []
         self._admitted = AdmittedMemory()
@@ -191,6 +218,11 @@ class Replay:
     @property
     def records(self) -> Mapping[str, PodRecord]:
         return self.ledger.records
+
+    @property
+    def started_at(self) -> float:
+        """When the trace's clock started (time.monotonic())."""
+        return self._t0
 
     def now(self) -> float:
         """Simulated seconds since the replay started."""
@@ -208,6 +240,9 @@ class Replay:
                         kueue = queues.enter_context(running_kueue(plane, self.tools))
                     api = plane.api_client()
                     try:
+                        follow = self.plan.follow
+                        if follow is not None:
+                            self.following = queues.enter_context(self._follow(plane, api, follow))
                         self._prepare(lab, api, kueue)
                         self._replay(api)
                     finally:
@@ -228,6 +263,45 @@ class Replay:
         if kueue is not None:
             kueue.apply_queues(api, queue_objects(self.strategy))
         lab.add_pools(api, self.pools)
+
+    @contextlib.contextmanager
+    def _follow(
+        self, plane: ControlPlane, api: k8s_client.ApiClient, follow: FollowPools
+    ) -> Iterator[Following]:
+        """The device plugin's emulation on every node, and ``gpuwarden pool-controller`` with
+        the strategy's policy and ``pools`` on its nvidia backend (started before the nodes
+        exist: its start overlaps theirs)."""
+        emulation = DevicePluginEmulation(
+            api,
+            self.shapes,
+            {WHOLE_CONFIG: 1, SHARED_CONFIG: self.layout.mps_replicas},
+            WHOLE_CONFIG,
+            grace=ENDPOINT_STOP_GRACE / self.scale,
+            on_change=self._configured,
+        )
+        texts = pools_policy_texts(
+            self.strategy.sources, self.layout.mps_replicas, follow, self.scale
+        )
+        policies = write_policies(plane.workdir / "pool-controller-policies", texts)
+        emulation.start()
+        try:
+            following = Following(
+                emulation, start_pool_controller(plane, policies, follow.interval)
+            )
+            try:
+                yield following
+            finally:
+                following.controller.terminate(plane.stop_timeout)
+                following.log = json_log_records(following.controller.log_path)
+        finally:
+            emulation.stop()
+
+    def _configured(self, node: str, pool: GpuNodePool) -> None:
+        """The node's device plugin now runs ``pool``'s config: pods bound from now on get its
+        devices."""
+        with self._lock:
+            at = min(self.now(), self.horizon) if self._t0 else 0.0
+            self.model.configure(node, NodeGpus(pool.gpus_per_node, pool.mps_replicas), at)
 
     def _cluster_view(self) -> ClusterView:
         """The plan's view with the GPU memory admitted to the pods alive now."""
@@ -275,6 +349,8 @@ class Replay:
                 self._changed.wait(min(ahead, 0.25))
         if self.stop.is_set():
             raise Stopped
+        if self.following is not None:
+            check_running(self.following.controller)
 
     def _act(self, core: Any, action: Action) -> None:
         if isinstance(action, Create):
@@ -371,13 +447,17 @@ class Replay:
         return [pods, workloads]
 
     def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
+        reject = False
         with self._lock:
             now = min(self.now(), self.horizon)
             if pod.name not in self.ledger.records:
                 return
             if pod.unschedulable:
                 self.ledger.unschedulable(pod.name)
-            if pod.node:
+            if pod.node and self._kubelet_rejects(pod.name, pod.node):
+                reject = pod.name not in self.rejected
+                self.rejected.add(pod.name)
+            elif pod.node:
                 self.ledger.bound(pod.name, now, pod.node)
             if self.strategy.kueue:
                 self.ledger.evicted(pod.name, pod.evicted_by)
@@ -387,8 +467,24 @@ class Replay:
                 self.ledger.gone(pod.name, now)
                 self._admitted.end(pod.name)
             self._changed.notify_all()
+        if reject:
+            # The kubelet fails the pod (UnexpectedAdmissionError) and its controller recreates
+            # it, as after a preemption.
+            with contextlib.suppress(ApiException):
+                k8s_client.CoreV1Api(api).delete_namespaced_pod(pod.name, pod.namespace)
         if deleted and self.strategy.kueue:
             collect_workloads(api, pod.namespace, pod.uid)
+
+    def _kubelet_rejects(self, name: str, node: str) -> bool:
+        """Whether the node's kubelet refuses the pod at admission: bound in the moment its
+        config changed, before the device plugin advertised the new config (the scheduler saw
+        the old resource), it asks devices the plugin no longer has (the device manager's
+        "requested number of devices unavailable"). Only a node that moves can."""
+        record = self.ledger.records[name]
+        if self.following is None or record.bound is not None:
+            return False
+        replicas = self.model.replicas(node)
+        return bool(record.whole and replicas > 1) or bool(record.slices and replicas == 1)
 
     def _kept_out(self, name: str, deleted: bool) -> None:
         """Kueue's side of a wait: a pod whose Workload Kueue found no room for did not get in

@@ -36,7 +36,8 @@ Gpu = tuple[str, int]
 @dataclass(frozen=True)
 class NodeGpus:
     """What a node's device plugin advertises: ``gpus`` physical GPUs, each shared among
-    ``replicas`` pods (1: whole GPUs only)."""
+    ``replicas`` pods (1: whole GPUs only). A node may change config between pods (see
+    :meth:`WorkModel.configure`); a pod keeps what it was given at its bind."""
 
     gpus: int
     replicas: int = 1
@@ -59,6 +60,7 @@ class _Running:
     service: bool
     gpus: tuple[Gpu, ...]
     shares: tuple[float, ...]  # the share of each GPU it holds (1, or 1/replicas)
+    held: tuple[int, ...]  # the slots of each GPU it holds (whole: all of its replicas)
     started: float
     progress: float  # full-speed seconds done, at ``updated``
     target: float | None  # progress at which it completes (None: a service)
@@ -99,16 +101,29 @@ class WorkModel:
 
     # -- placing --------------------------------------------------------------------------
 
+    def configure(self, node: str, gpus: NodeGpus, at: float) -> None:
+        """From ``at`` on, ``node``'s device plugin advertises ``gpus`` (its config changed: a
+        node moves between pools only once no GPU pod runs on it, so pods bound from now on get
+        the new shape, and any still running keep what they hold)."""
+        self.advance(at)
+        self._nodes[node] = gpus
+
+    def replicas(self, node: str) -> int:
+        """The replicas per GPU the node's device plugin advertises now (1: whole GPUs)."""
+        return self._nodes.get(node, NodeGpus(0)).replicas
+
     def _take(
         self, node: str, whole: int, slices: int
-    ) -> tuple[tuple[Gpu, ...], tuple[float, ...]]:
+    ) -> tuple[tuple[Gpu, ...], tuple[float, ...], tuple[int, ...]]:
         spec = self._nodes.get(node, NodeGpus(0))
         gpus: list[Gpu] = []
         shares: list[float] = []
+        held: list[int] = []
         free = [g for g in range(spec.gpus) if self._slots.get((node, g), 0) == 0]
         for index in free[:whole]:
             gpus.append((node, index))
             shares.append(1.0)
+            held.append(spec.replicas)
             self._slots[(node, index)] = spec.replicas
         for _ in range(slices):
             # Fewest replicas in use first, then the lowest index; never two on one GPU while
@@ -119,8 +134,9 @@ class WorkModel:
             index = min(candidates, key=lambda g: (self._slots.get((node, g), 0), g))
             gpus.append((node, index))
             shares.append(1.0 / spec.replicas)
+            held.append(1)
             self._slots[(node, index)] = self._slots.get((node, index), 0) + 1
-        return tuple(gpus), tuple(shares)
+        return tuple(gpus), tuple(shares), tuple(held)
 
     def start(
         self,
@@ -145,7 +161,7 @@ class WorkModel:
         at = self._now
         if key in self._running:
             return
-        gpus, shares = self._take(node, whole, slices)
+        gpus, shares, held = self._take(node, whole, slices)
         used = busy if sm_share is None else min(busy, sm_share)
         pod = _Running(
             asked=asked,
@@ -154,6 +170,7 @@ class WorkModel:
             service=target is None,
             gpus=gpus,
             shares=shares,
+            held=held,
             started=at,
             progress=progress,
             target=target,
@@ -173,10 +190,8 @@ class WorkModel:
         pod = self._running.pop(key, None)
         if pod is None:
             return None
-        for gpu, share in zip(pod.gpus, pod.shares, strict=True):
+        for gpu, held in zip(pod.gpus, pod.held, strict=True):
             self._on[gpu].discard(key)
-            spec = self._nodes.get(gpu[0], NodeGpus(0))
-            held = spec.replicas if share >= 1.0 else 1
             self._slots[gpu] = max(0, self._slots.get(gpu, 0) - held)
         self._respeed(at)
         return Stopped(

@@ -212,6 +212,8 @@ class StrategyReport:
     # Of the GPU busy average: the share spent on work preemption threw away (done again).
     gpu_busy_redone: float = 0.0
     idle: IdleTails | None = None  # None: no pod had an idle tail
+    # --mps-nodes follow: what the pools did (reporting.pools.PoolMoves as JSON); None: fixed.
+    pool_moves: Mapping[str, Any] | None = None
 
     @property
     def gpu_busy_useful(self) -> float:
@@ -251,6 +253,7 @@ class StrategyReport:
             "kinds": {kind: dict(values) for kind, values in self.kinds.items()},
             "tenantQueues": {tenant: dict(values) for tenant, values in self.queues.items()},
             **(self.idle.as_json() if self.idle is not None else {}),
+            **({"poolMoves": dict(self.pool_moves)} if self.pool_moves is not None else {}),
             "pods": self.pods,
             "notes": list(self.notes),
         }
