@@ -26,6 +26,7 @@ import yaml
 from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
+from gpuwarden.lab.cluster.controlplane import json_log_records
 from gpuwarden.lab.cluster.gpuwardenserver import (
     POLICIES_DIR,
     WebhookStackError,
@@ -178,17 +179,7 @@ class AuditLog:
     path: Path
 
     def events(self) -> list[Obj]:
-        try:
-            text = self.path.read_text(errors="replace")
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in text.splitlines():
-            with contextlib.suppress(ValueError):
-                event = json.loads(line)
-                if isinstance(event, dict):
-                    out.append(event)
-        return out
+        return json_log_records(self.path)
 
     def pod_creation(self, namespace: str, name: str, timeout: float = 10.0) -> Obj:
         """The ResponseComplete event of the (last) creation of pod namespace/name."""
