@@ -284,7 +284,8 @@ def test_tenant_overrides_apply_in_tenant_a(gpuwarden: WebhookStack) -> None:
     assert _container(created.pod, "wait").get("resources") in (None, {})
     assert pod_annotations(created.pod)["scheduling.volcano.sh/queue-name"] == "tenant-a"
     assert pod_annotations(created.pod)["gpuwarden.io/tenant"] == "tenant-a"
-    assert created.pod["spec"]["priority"] == 200
+    assert created.pod["spec"]["priority"] == 250
+    assert created.pod["spec"]["preemptionPolicy"] == "Never"
     assert any("tenant override of gpus, hostMemory" in w for w in created.warnings)
     assert not pod_exists(gpuwarden.api, ns, pod["metadata"]["name"])
 

@@ -58,10 +58,16 @@ def test_one_priority_class_per_profile_as_the_webhook_writes_it() -> None:
     for profile in policies.profiles.values():
         obj = classes[profile.derived_priority_class]
         assert obj["value"] == profile.priority
-        assert obj["preemptionPolicy"] == (
+        # A profile's own preemptionPolicy, else preemptible work waits rather than evicts.
+        expected = profile.preemption_policy or (
             "Never" if profile.preemptible else "PreemptLowerPriority"
         )
+        assert obj["preemptionPolicy"] == expected
         assert obj["globalDefault"] is False
+    # Pipeline training steps keep no checkpoint: they rank with node-size training and never
+    # preempt (policies/default.yaml, kfp-training).
+    kfp = classes[policies.profiles["kfp-training"].derived_priority_class]
+    assert (kfp["value"], kfp["preemptionPolicy"]) == (250, "Never")
 
 
 @pytest.mark.parametrize("example", ["notebook", "katib-trial"])
