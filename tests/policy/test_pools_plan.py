@@ -389,3 +389,29 @@ def test_a_pod_no_node_could_hold_moves_nothing() -> None:
     # 17 replicas: more than any node offers (4 GPUs x 4); 5 GPUs: more than any node has.
     assert plan(settings(), nodes, [Ask(0, 17), Ask(5, 0)], NOW) == []
     assert moves(plan(settings(), nodes, [Ask(0, 16)], NOW)) == [("w", "started", "mps")]
+
+
+def test_one_busy_shared_node_drains_toward_the_whole_pool_at_a_time() -> None:
+    # The evening: whole pods wait, and three shared nodes still hold most of their replicas.
+    shared_nodes = [
+        node("s1", "mps", held_replicas=25),
+        node("s2", "mps", held_replicas=26),
+        node("s3", "mps", held_replicas=27),
+        node("s4", "mps"),
+    ]
+    busy_whole = node("w", "whole", held_gpus=8)
+    nodes = [busy_whole, *shared_nodes]
+    # The empty node moves at once; of the busy ones, only the one holding fewest drains.
+    assert moves(plan(settings(), nodes, whole(8, 4), NOW)) == [
+        ("s4", "started", "whole"),
+        ("s1", "started", "whole"),
+    ]
+    # While it drains, no other busy node starts; it stays on its way.
+    s1_draining = node("s1", "mps", held_replicas=25, cordoned=True, target="whole")
+    assert plan(settings(), [busy_whole, s1_draining, *shared_nodes[1:3]], whole(8, 4), NOW) == []
+    # maxDrainingNodes raises the limit.
+    assert moves(plan(settings(max_draining_nodes=2), nodes, whole(8, 4), NOW)) == [
+        ("s4", "started", "whole"),
+        ("s1", "started", "whole"),
+        ("s2", "started", "whole"),
+    ]

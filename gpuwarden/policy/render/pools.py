@@ -11,7 +11,9 @@ plugin advertises the new config, so that no pod is bound to it against the old 
 This module is the pure planner (:func:`plan`, ``now`` an argument) and the readers of the nodes
 and pods it plans from; :mod:`gpuwarden.kube.pools` watches the cluster and applies its changes.
 The sizing rule (docs/pools.md): the shared pool is sized to the replicas its pods hold and wait
-for, plus ``sharedHeadroom``; the whole pool gets every other node.
+for, plus ``sharedHeadroom``; the whole pool gets every other node. A shared node that still
+holds pods idles the replicas it frees until its drain ends, so at most ``maxDrainingNodes``
+such nodes drain toward the whole pool at once; empty nodes always move at once.
 """
 
 from __future__ import annotations
@@ -476,7 +478,7 @@ def _shrink(
     pools = state.settings.pools
     asks = [ask.whole for ask in pending if ask.whole]
     waiting, smallest = sum(asks), min(asks, default=0)
-    incoming = 0
+    incoming = busy = 0
     chosen: list[tuple[PoolNode, str]] = []
     while candidates and len(state.shared) > pools.min_shared_nodes:
         floor = len(state.whole) < pools.min_whole_nodes
@@ -487,7 +489,13 @@ def _shrink(
         eligible = [
             n
             for n in candidates
-            if floor or (n.gpus >= smallest and capacity - state.cap(n) >= target - n.held_replicas)
+            # A drain idles what its node frees for hours: one busy node at a time (or
+            # maxDrainingNodes), those already draining kept, empty ones always.
+            if (n.empty or n.target == pools.whole_config or busy < pools.max_draining_nodes)
+            and (
+                floor
+                or (n.gpus >= smallest and capacity - state.cap(n) >= target - n.held_replicas)
+            )
         ]
         if not eligible:
             break
@@ -510,6 +518,7 @@ def _shrink(
         state.shared.remove(node)
         state.whole.append(node)
         incoming += node.gpus
+        busy += not node.empty
         chosen.append((node, reason))
     return chosen
 

@@ -229,6 +229,12 @@ class NvidiaPools(StrictModel):
         allow_inf_nan=False,
         description="Least time a node stays in a pool after it moved, so that pools do not flap",
     )
+    max_draining_nodes: int = Field(
+        default=1,
+        ge=1,
+        description="Shared nodes that still hold GPU pods draining toward the whole pool at "
+        "once (empty nodes always move at once)",
+    )
 
     @model_validator(mode="after")
     def _configs_differ(self) -> NvidiaPools:
