@@ -52,13 +52,24 @@ def pytorchjob_crd() -> Obj:
     return keeping_crd("PyTorchJob", PLURAL, VERSION)
 
 
-def keeping_crd(kind: str, plural: str, versions: str | Sequence[str], group: str = GROUP) -> Obj:
-    """A structural CRD of ``kind`` (a kubeflow.org one by default) whose spec and status keep
-    any fields, served at each of ``versions``; the last is stored (no conversion: the fields
-    are the same in each)."""
+def keeping_crd(
+    kind: str,
+    plural: str,
+    versions: str | Sequence[str],
+    group: str = GROUP,
+    *,
+    stored: str | None = None,
+    spec: Obj | None = None,
+) -> Obj:
+    """A structural CRD of ``kind`` (a kubeflow.org one by default) whose status keeps any
+    fields, and whose spec does too unless ``spec`` gives its schema, served at each of
+    ``versions``; ``stored`` (the last by default) is stored (no conversion: the fields are the
+    same in each)."""
     served = (versions,) if isinstance(versions, str) else tuple(versions)
     keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    schema = {"openAPIV3Schema": {"type": "object", "properties": {"spec": keep, "status": keep}}}
+    properties = {"spec": keep if spec is None else spec, "status": keep}
+    schema = {"openAPIV3Schema": {"type": "object", "properties": properties}}
+    storage = served[-1] if stored is None else stored
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -76,7 +87,7 @@ def keeping_crd(kind: str, plural: str, versions: str | Sequence[str], group: st
                 {
                     "name": version,
                     "served": True,
-                    "storage": version == served[-1],
+                    "storage": version == storage,
                     "schema": schema,
                     "subresources": {"status": {}},
                 }

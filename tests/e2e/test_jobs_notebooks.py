@@ -46,7 +46,7 @@ from gpuwarden.policy.pod.jobs import notebooks
 from gpuwarden.policy.render.scope import job_needs_review
 
 from .controlplane import REPO_ROOT, ControlPlane, Tools
-from .test_jobs import predicted
+from .test_jobs import keeping_crd, predicted
 from .test_jobs_operator import MUTATION_AUDIT, contained, predicted_pods
 from .webhook import AuditLog, api_error, serve_crd, webhook_audit
 
@@ -57,43 +57,11 @@ GITOPS_POLICY = Path(__file__).parent / "policies" / "01-e2e-gitops.yaml"
 
 
 def notebook_crd() -> Obj:
+    """kubeflow.org's Notebook, stored at v1; its pod template's spec keeps any fields."""
     keep = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-    schema = {
-        "type": "object",
-        "properties": {
-            "spec": {
-                "type": "object",
-                "properties": {"template": {"type": "object", "properties": {"spec": keep}}},
-            },
-            "status": keep,
-        },
-    }
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": "Notebook",
-                "listKind": "NotebookList",
-                "plural": PLURAL,
-                "singular": "notebook",
-            },
-            "scope": "Namespaced",
-            "conversion": {"strategy": "None"},
-            "versions": [
-                {
-                    "name": version,
-                    "served": True,
-                    "storage": version == "v1",
-                    "schema": {"openAPIV3Schema": schema},
-                    "subresources": {"status": {}},
-                }
-                for version in VERSIONS
-            ],
-        },
-    }
+    template = {"type": "object", "properties": {"spec": keep}}
+    spec = {"type": "object", "properties": {"template": template}}
+    return keeping_crd("Notebook", PLURAL, VERSIONS, stored="v1", spec=spec)
 
 
 @pytest.fixture(scope="module")
