@@ -284,8 +284,8 @@ def _dra(backend: DraBackend, profile: ResolvedProfile) -> BackendPlan:
         {},
         claim_template=template,
         notes=(
-            f"GPU through DRA claim {DRA_CLAIM_NAME} from ResourceClaimTemplate {template} "
-            f"(DeviceClass {backend.device_class_name}), a share of one device",
+            f"DRA claim {DRA_CLAIM_NAME} from template {template}, a share of a "
+            f"{backend.device_class_name} device",
         ),
     )
 
