@@ -9,13 +9,16 @@ structured/internal/incubating/consumable_capacity.go, fillEmptyRequest).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from gpuwarden.policy import ClusterView, PolicySet, admit, mutate
+from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, mutate
+from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.pod import jobs
 
-from .support import apply_ops, container, create, gpu_pod, policies_from
+from .support import EXAMPLES, apply_ops, container, create, gpu_pod, policies_from, read_yaml
 
 DRA = "{type: dra, deviceClassName: gpu.example.com, coresCapacity: cores}"
 SPEC = (
@@ -181,3 +184,32 @@ def test_other_backends_never_write_claims(policies: PolicySet) -> None:
     pod, _ = admitted(policies, labelled("mps"))
     assert "resourceClaims" not in pod["spec"]
     assert "claims" not in container(pod, "main")["resources"]
+
+
+JOB_SPEC = SPEC.replace("tenants:", "defaultProfile: shared\ntenants:")
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_jobs_pods_get_the_claim_whether_or_not_the_job_can_hold_it(kind: str) -> None:
+    policies = policies_from(JOB_SPEC)
+    job = read_yaml(EXAMPLES / "jobs" / f"{kind}.yaml")
+    job["metadata"]["namespace"] = "team"
+    result = admit_job(AdmissionRequest("CREATE", "team", job), policies, ClusterView())
+    assert result.allowed
+    mutated = apply_ops(job, result.mutation)
+    for replica in jobs.replica_templates(mutated):
+        pod = jobs.replica_pod(mutated, replica, "team")
+        # The API server refuses a pod template whose containers name a claim the pod lacks
+        # (kubernetes pkg/apis/core/validation, validateResourceClaimNames).
+        named = {c["name"] for c in pod["spec"].get("resourceClaims", [])}
+        for body in pod["spec"]["containers"]:
+            assert {c["name"] for c in body.get("resources", {}).get("claims", [])} <= named
+        if kind == "trainjob":
+            # No TrainJob field holds a pod's claims: the template keeps its GPU resource (the
+            # API server would refuse containers naming a claim the pod lacks).
+            assert "resourceClaims" not in pod["spec"]
+            assert "each pod gets these when it is created" in result.mutation.warnings[-1]
+        final = admit(AdmissionRequest("CREATE", "team", pod), policies, ClusterView())
+        assert final.allowed, final.validation.message
+        assert final.pod["spec"]["resourceClaims"] == [CLAIM]
+        assert "nvidia.com/gpu" not in json.dumps(final.pod["spec"]["containers"])
