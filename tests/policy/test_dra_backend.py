@@ -17,6 +17,7 @@ import pytest
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, mutate
 from gpuwarden.policy.admission.jobs import admit_job
 from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.spec.loader import PolicyError
 
 from .support import EXAMPLES, apply_ops, container, create, gpu_pod, policies_from, read_yaml
 
@@ -213,3 +214,11 @@ def test_a_jobs_pods_get_the_claim_whether_or_not_the_job_can_hold_it(kind: str)
         assert final.allowed, final.validation.message
         assert final.pod["spec"]["resourceClaims"] == [CLAIM]
         assert "nvidia.com/gpu" not in json.dumps(final.pod["spec"]["containers"])
+
+
+def test_a_whole_resource_gpuwarden_does_not_count_is_refused_at_load() -> None:
+    with pytest.raises(PolicyError) as raised:
+        policies_from(SPEC.replace("coresCapacity: cores}", "wholeResourceName: example.com/gpu}"))
+    assert "spec.backend.wholeResourceName: 'example.com/gpu' is not a GPU count gpuwarden" in (
+        str(raised.value)
+    )
