@@ -77,7 +77,7 @@ def test_a_shared_pod_gets_the_claim_and_loses_its_gpu_resource(policies: Policy
         "gpuwarden: DRA claim gpuwarden-gpu from template gpuwarden-shared, a share of a "
         "gpu.example.com device" in warnings
     )
-    assert "16Gi GPU-memory cap" in text
+    assert "main: 1 shared GPU, 16Gi GPU-memory cap on dra, claimed of the device's memory" in text
 
 
 def test_the_mutated_pod_is_settled_on_reinvocation(policies: PolicySet) -> None:
