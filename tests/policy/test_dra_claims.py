@@ -69,8 +69,11 @@ def test_one_template_per_shared_dra_profile_with_the_tenants_overrides(
             "capacity": {"requests": {"memory": "24Gi", "cores": "25"}},
         },
     }
-    # No threadPercentage: no cores requested.
-    assert _request(templates[1])["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
+    # No threadPercentage: no cores reserved, but named (a capacity a claim does not name is
+    # consumed whole).
+    assert _request(templates[1])["exactly"]["capacity"] == {
+        "requests": {"memory": "4Gi", "cores": "0"}
+    }
     # A namespace of no tenant gets the profiles as they are.
     elsewhere = claim_templates(policies, "elsewhere")
     assert _request(elsewhere[0])["exactly"]["capacity"]["requests"]["memory"] == "16Gi"
