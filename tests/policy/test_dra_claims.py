@@ -179,3 +179,21 @@ def test_lint_says_what_a_dra_claim_cannot_carry(tmp_path: Path) -> None:
     assert any("gpus: 2 on the dra backend" in w and "set gpus: 1" in w for w in warnings)
     assert any("overcommitRatio 2 has no form on the dra backend" in w for w in warnings)
     assert any("threadPercentage 50 is not reserved on the dra backend" in w for w in warnings)
+
+
+def test_lint_says_when_a_tenant_override_asks_for_shared_gpus_a_claim_cannot_hold() -> None:
+    text = POLICY + (
+        "  backend: {type: dra, deviceClassName: gpu.example.com}\n"
+        "  profiles:\n"
+        "    - {name: train, gpuShare: false, gpus: 4}\n"
+        "  tenants:\n"
+        "    - name: tenant-b\n"
+        "      namespaces: [tenant-b]\n"
+        "      overrides: {train: {gpus: 2, gpuShare: true, maxMemory: 40Gi}}\n"
+    )
+    warnings = lint_warnings(load_texts([("p.yaml", text)]))
+    assert (
+        "tenant tenant-b: its override of profile train asks for 2 shared GPUs on the dra "
+        "backend, where a shared pod gets one claim on a share of one device, so its pods are "
+        "denied; override gpus: 1 or gpuShare: false"
+    ) in warnings
