@@ -97,6 +97,18 @@ def test_gpupolicy_crd_schema_and_cel_rules_hold_in_the_api_server(plane: Contro
     assert "spec.profiles[0].gpus" in result.stderr
 
 
+def test_the_api_server_asks_a_dra_backend_for_its_device_class(plane: ControlPlane) -> None:
+    result = _apply(plane, [yaml.safe_load((CHART / "crds" / f"{CRD_NAME}.yaml").read_text())])
+    assert result.returncode == 0, result.stderr
+    plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+    result = _apply(plane, [_policy("dra-bare", {"backend": {"type": "dra"}})])
+    assert result.returncode != 0
+    assert "type dra needs deviceClassName" in result.stderr
+    backend = {"type": "dra", "deviceClassName": "gpu.example.com", "coresCapacity": "cores"}
+    result = _apply(plane, [_policy("dra", {"backend": backend})])
+    assert result.returncode == 0, result.stderr
+
+
 def test_rendered_quota_is_charged_and_limits_keys_are_not(
     plane: ControlPlane, tmp_path: Path
 ) -> None:

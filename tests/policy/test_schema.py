@@ -103,7 +103,7 @@ def test_descriptions_survive_and_defaults_are_described() -> None:
 def test_tagged_unions_become_one_object_with_cel_rules() -> None:
     backend = openapi_schema()["properties"]["spec"]["properties"]["backend"]
     assert backend["required"] == ["type"]
-    assert backend["properties"]["type"]["enum"] == ["volcano", "hami", "nvidia", "native"]
+    assert backend["properties"]["type"]["enum"] == ["volcano", "hami", "nvidia", "native", "dra"]
     rules = {rule["rule"] for rule in backend["x-kubernetes-validations"]}
     assert '!has(self.queue) || self.type in ["volcano"]' in rules
     # Every backend names its scheduler: a field all variants share needs no rule.
@@ -249,3 +249,13 @@ def test_crd_manifest_names() -> None:
     assert crd["spec"]["names"]["kind"] == "GPUPolicy"
     (version,) = crd["spec"]["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+
+
+def test_a_field_one_variant_requires_gets_a_rule_under_its_tag() -> None:
+    backend = openapi_schema()["properties"]["spec"]["properties"]["backend"]
+    rules = {rule["rule"]: rule["message"] for rule in backend["x-kubernetes-validations"]}
+    assert rules['self.type != "dra" || has(self.deviceClassName)'] == (
+        "type dra needs deviceClassName"
+    )
+    # No other variant requires a field beside its tag.
+    assert sum("needs" in message for message in rules.values()) == 1

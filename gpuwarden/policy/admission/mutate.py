@@ -30,6 +30,7 @@ from gpuwarden.policy.pod.resources import (
 from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.backends import (
     DEFAULT_SCHEDULER,
+    DRA_CLAIM_NAME,
     VOLCANO_GROUP_NAME_ANNOTATION,
     VOLCANO_QUEUE_ANNOTATION,
     BackendPlan,
@@ -92,6 +93,22 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
+def own_claim(placement: Placement) -> str | None:
+    """The ResourceClaimTemplate of the claim gpuwarden gives the pod (dra backend, shared
+    profile); None where it gives none."""
+    backend_plan = plan(placement) if placement.governed else None
+    return backend_plan.claim_template if backend_plan is not None else None
+
+
+def is_own_claim_entry(entry: Any, template: str | None) -> bool:
+    """Whether a spec.resourceClaims entry is exactly the one gpuwarden writes for ``template``."""
+    return template is not None and entry == _pod_claim(template)
+
+
+def _pod_claim(template: str) -> dict[str, str]:
+    return {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": template}
+
+
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     # A value the container set that the profile replaces or removes is said in a warning (the
     # GPU count has its own line in the summary): the policy's word wins, never silently.
@@ -122,6 +139,37 @@ def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: 
         f"{ref.name}: {replaced[name]} (profile {grant.profile.name} sets it)"
         for name in sorted(replaced)
     ]
+
+
+def _set_claim(
+    patch: PatchBuilder, ref: ContainerRef, template: str | None, asked: Mapping[str, Any]
+) -> list[str]:
+    """Give a target container the pod's claim gpuwarden-gpu where its plan shares through
+    one; returns the note that says which GPU resources (``asked``, as sent) it replaces."""
+    if template is None:
+        return []
+    path = [*ref.path, "resources", "claims"]
+    current = patch.get(path)
+    if not isinstance(current, list) or not any(
+        isinstance(claim, dict) and claim.get("name") == DRA_CLAIM_NAME for claim in current
+    ):
+        patch.append(path, {"name": DRA_CLAIM_NAME})
+    if not asked:
+        return []
+    replaced = ", ".join(f"{name} {value}" for name, value in sorted(asked.items()))
+    return [f"{ref.name}: {replaced} replaced by claim {DRA_CLAIM_NAME} (template {template})"]
+
+
+def _set_pod_claim(patch: PatchBuilder, template: str) -> None:
+    """The pod-level claim the GPU container uses; an entry of that name the pod already has is
+    left as it is (the escapes check denies it unless it is this one)."""
+    path: list[str | int] = ["spec", "resourceClaims"]
+    current = patch.get(path)
+    if isinstance(current, list) and any(
+        isinstance(entry, dict) and entry.get("name") == DRA_CLAIM_NAME for entry in current
+    ):
+        return
+    patch.append(path, _pod_claim(template))
 
 
 # The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.
@@ -393,12 +441,19 @@ def apply_placement(
     patch = PatchBuilder(view.pod)
     notes: list[str] = []
     targets = {granted.name: granted.grant for granted in placement.container_grants}
+    claim: str | None = None
     for ref in view.main_containers:
         own = targets.get(ref.name)
         if own is None:
             continue
+        template = own.plan.claim_template if own.plan is not None else None
+        asked = ref.gpu_resources() if template is not None else {}
         _set_resources(patch, ref, own, notes)
+        notes += _set_claim(patch, ref, template, asked)
+        claim = claim or template
         _set_env(patch, ref, own.plan.env if own.plan is not None else {}, notes)
+    if claim is not None:
+        _set_pod_claim(patch, claim)
     if backend_plan is not None:
         _set_scheduler(patch, backend_plan, profile, notes)
         notes += backend_plan.notes

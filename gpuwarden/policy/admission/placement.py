@@ -11,7 +11,7 @@ from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.pod.workloads import SIDECARS, Workload, identify
 from gpuwarden.policy.spec.backends import shared_slices_per_container
 from gpuwarden.policy.spec.matchers import MatchResult, PodFacts, match, may_match
-from gpuwarden.policy.spec.model import GPUPolicy, Tenant, WorkloadRule
+from gpuwarden.policy.spec.model import DraBackend, GPUPolicy, Tenant, WorkloadRule
 from gpuwarden.policy.spec.policyset import Grant, PolicySet
 from gpuwarden.policy.spec.precedence import why_rule_wins
 from gpuwarden.policy.spec.resolved import ResolvedProfile
@@ -314,6 +314,41 @@ def _container_grants(
     return tuple(grants), tuple(problems)
 
 
+def _dra_share_problems(granted: tuple[ContainerGrant, ...]) -> tuple[str, ...]:
+    """A shared profile on the dra backend gives a pod one claim on a share of one device: more
+    than one GPU cannot be honoured."""
+    shared = [
+        g
+        for g in granted
+        if g.grant.profile.gpu_share and isinstance(g.grant.profile.backend, DraBackend)
+    ]
+    total = sum(g.gpus for g in shared)
+    if total <= 1:
+        return ()
+    profile = shared[0].grant.profile
+    exclusive = f"use an exclusive profile (label {keys.PROFILE_LABEL})"
+    why = (
+        f"profile {profile.name} shares GPUs on the dra backend, where a pod gets one claim "
+        f"({keys.DRA_CLAIM_NAME}) on a share of one device"
+    )
+    if len(shared) > 1:
+        names = ", ".join(g.name for g in shared)
+        return (
+            f"spec.containers[{names}] would each get a shared GPU, but {why}; give the GPU to "
+            f"one container (the rule's containers), or {exclusive}",
+        )
+    only = shared[0]
+    if profile.gpus_set_by is not None:
+        return (
+            f"{profile.gpus_set_by} sets gpus: {only.gpus}, but {why}; {exclusive}, or have an "
+            "admin set gpus: 1 for the shared profile",
+        )
+    return (
+        f"spec.containers[{only.name}] asks for {only.gpus} GPUs, but {why}; ask for 1 GPU, "
+        f"or {exclusive}",
+    )
+
+
 def _label_profile(
     policies: PolicySet, tenant: Tenant | None, requested: str
 ) -> tuple[str | None, str | None]:
@@ -377,7 +412,7 @@ def place(
             granted, count_problems = _container_grants(
                 view, chosen, policies, profile_name, tenant
             )
-            problems += count_problems
+            problems += count_problems + _dra_share_problems(granted)
             grant = granted[0].grant if len(granted) == 1 else max(granted, key=_gpus).grant
             profile = grant.profile
         return Placement(

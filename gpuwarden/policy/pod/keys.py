@@ -13,6 +13,10 @@ PROFILE_LABEL: Final = "gpuwarden.io/profile"
 # Pod or namespace label that takes the object out of gpuwarden's scope (the chart's webhooks skip it).
 OPT_OUT_LABEL: Final = "gpuwarden.io/ignore"
 
+# The pod-level DRA claim (spec.resourceClaims[].name) through which a shared profile on the dra
+# backend gives its container a share of one GPU; a container using it holds one GPU.
+DRA_CLAIM_NAME: Final = "gpuwarden-gpu"
+
 # Annotations recording the resolved decision on the pod; the node agent reads these.
 ANNOTATION_PROFILE: Final = "gpuwarden.io/profile"
 ANNOTATION_TENANT: Final = "gpuwarden.io/tenant"

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, NamedTuple
 
+from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import QuantityError, parse_count
 from gpuwarden.policy.pod.record import CHARGE_FIELDS, DECISION_FIELDS, PodRecord
 from gpuwarden.policy.pod.resources import (
@@ -52,10 +53,24 @@ def _count(value: Any) -> int | QuantityError:
 _NO_GPUS: Final = ContainerGPUs(False, None, 0)
 
 
+def _holds_gpuwarden_claim(resources: Mapping[str, Any]) -> bool:
+    """Whether the container uses the pod's claim gpuwarden-gpu (the dra backend's shared GPU)."""
+    claims = resources.get("claims")
+    return isinstance(claims, list) and any(
+        isinstance(claim, dict) and claim.get("name") == keys.DRA_CLAIM_NAME for claim in claims
+    )
+
+
 def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
     resources = ref.body.get("resources")
     if not resources or not isinstance(resources, dict):
         return _NO_GPUS
+    if _holds_gpuwarden_claim(resources):
+        # One GPU, shared through the claim, as a count resource of 1 would read: a pod the dra
+        # backend mutated is placed again on validation and reinvocation as the one it was.
+        found = _gpus_of(ref._replace(body={**ref.body, "resources": _without_claims(resources)}))
+        held = found.asked if isinstance(found.asked, QuantityError) else max(found.asked or 0, 1)
+        return ContainerGPUs(True, held, found.devices + 1)
     asks, asked, best = False, None, 0
     devices: dict[Any, int | QuantityError] = {}
     for section in ("limits", "requests"):
@@ -78,6 +93,10 @@ def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
         asked if asked is not None else best or None,
         sum(n for n in devices.values() if not isinstance(n, QuantityError)),
     )
+
+
+def _without_claims(resources: Mapping[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in resources.items() if key != "claims"}
 
 
 def _largest_request(found: Iterable[ContainerGPUs]) -> int | None:

@@ -13,6 +13,7 @@ from typing import Any
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import to_mebibytes
 from gpuwarden.policy.spec.model import (
+    DraBackend,
     HamiBackend,
     MpsSettings,
     NativeBackend,
@@ -22,6 +23,10 @@ from gpuwarden.policy.spec.model import (
 from gpuwarden.policy.spec.resolved import ResolvedProfile
 
 DEFAULT_SCHEDULER = "default-scheduler"
+#: The pod-level claim (spec.resourceClaims[].name) a shared profile on the dra backend gives the
+#: GPU container, and the prefix of the ResourceClaimTemplates gpuwarden renders.
+DRA_CLAIM_NAME = keys.DRA_CLAIM_NAME
+DRA_TEMPLATE_PREFIX = "gpuwarden-"
 VOLCANO_QUEUE_ANNOTATION = "scheduling.volcano.sh/queue-name"
 VOLCANO_PREEMPTABLE_ANNOTATION = "volcano.sh/preemptable"
 # The GPU models a pod may use, read by Volcano's vGPU device (GPUInUse in volcano-sh/volcano
@@ -61,6 +66,9 @@ class BackendPlan:
     annotations: Mapping[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     shared: bool = True  # whether the pod really shares its GPUs on this backend
+    # The ResourceClaimTemplate of the pod's DRA claim (DRA_CLAIM_NAME) that the GPU
+    # container uses instead of GPU resources; None: the GPUs are resources.
+    claim_template: str | None = None
 
 
 def _mps_env(profile: ResolvedProfile) -> dict[str, str]:
@@ -256,6 +264,32 @@ def _native(backend: NativeBackend, profile: ResolvedProfile) -> BackendPlan:
     )
 
 
+def claim_template_name(profile_name: str) -> str:
+    """The ResourceClaimTemplate gpuwarden renders for a shared profile on the dra backend."""
+    return f"{DRA_TEMPLATE_PREFIX}{profile_name}"
+
+
+def _dra(backend: DraBackend, profile: ResolvedProfile) -> BackendPlan:
+    scheduler = _own_scheduler(backend.scheduler_name)
+    if not profile.gpu_share:
+        # As native: the DeviceClass's extendedResourceName maps the request onto whole devices
+        # (a request naming no capacity consumes each whole: fillEmptyRequest in
+        # k8s.io/dynamic-resource-allocation structured/internal/incubating/consumable_capacity.go).
+        return BackendPlan(
+            scheduler, {backend.whole_resource_name: str(profile.gpus)}, shared=False
+        )
+    template = claim_template_name(profile.name)
+    return BackendPlan(
+        scheduler,
+        {},
+        claim_template=template,
+        notes=(
+            f"DRA claim {DRA_CLAIM_NAME} from template {template}, a share of a "
+            f"{backend.device_class_name} device",
+        ),
+    )
+
+
 def shared_slices_per_container(profile: ResolvedProfile) -> int | None:
     """How many shared slices one container may hold on the profile's backend; None: any number
     (Volcano's and HAMi's device plugins give each slice its own GPU)."""
@@ -279,4 +313,6 @@ def plan_for(
         return _hami(backend, profile)
     if isinstance(backend, NvidiaBackend):
         return _nvidia(backend, profile)
+    if isinstance(backend, DraBackend):
+        return _dra(backend, profile)
     return _native(backend, profile)

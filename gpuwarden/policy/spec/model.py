@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(
@@ -307,7 +308,69 @@ class NativeBackend(_BackendBase):
     )
 
 
-BackendName = Literal["volcano", "hami", "nvidia", "native"]
+# A DeviceClass name and a ResourceSlice capacity name (a QualifiedName: an optional DNS-subdomain
+# prefix and a C identifier, kubernetes pkg/apis/resource/validation, validateQualifiedName;
+# DeviceClass names are DNS subdomains).
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DeviceClassName = Annotated[str, StringConstraints(pattern=_DNS_SUBDOMAIN)]
+CapacityName = Annotated[
+    str,
+    StringConstraints(
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+        r"[A-Za-z_][A-Za-z0-9_]{0,63}$"
+    ),
+]
+
+
+class DraBackend(_BackendBase):
+    """Dynamic Resource Allocation with consumable capacity: a share of one device per shared pod."""
+
+    type: Literal["dra"] = "dra"
+    scheduler_name: str = Field(
+        default="default-scheduler",
+        description="The kube-scheduler profile for governed pods (gpuwarden-binpack: the "
+        "chart's packing profile); default-scheduler leaves the pod's own",
+    )
+    device_class_name: DeviceClassName = Field(
+        description="The DeviceClass of shareable GPUs: the deviceClassName of the "
+        "ResourceClaimTemplates gpuwarden renders for shared profiles "
+        "(ResourceClaim spec.devices.requests[].exactly.deviceClassName). Its driver's "
+        "ResourceSlices must publish the devices with allowMultipleAllocations: true"
+    )
+    memory_capacity: CapacityName = Field(
+        default="memory",
+        description="The device capacity holding GPU memory (a key of the ResourceSlice "
+        "devices' capacity); a shared claim requests maxMemory of it "
+        "(spec.devices.requests[].exactly.capacity.requests)",
+    )
+    cores_capacity: CapacityName | None = Field(
+        default=None,
+        description="A device capacity of 100 per GPU that a shared claim reserves "
+        "threadPercentage of (Volcano's and HAMi's core share); unset: claims reserve no cores",
+    )
+    whole_resource_name: str = Field(
+        default="nvidia.com/gpu",
+        description="The extended resource whole-GPU pods ask for, which the DeviceClass maps "
+        "to its devices (DeviceClass spec.extendedResourceName); one of the GPU counts "
+        "gpuwarden governs (nvidia.com/gpu, nvidia.com/gpu.shared, volcano.sh/vgpu-number, "
+        "volcano.sh/gpu-number)",
+    )
+
+    @field_validator("whole_resource_name")
+    @classmethod
+    def _a_governed_gpu_count(cls, name: str) -> str:
+        # A name gpuwarden does not count as GPUs would leave whole-GPU pods ungoverned on
+        # re-admission, and outside the webhooks' scope.
+        if name not in GPU_COUNT_RESOURCES:
+            raise ValueError(
+                f"{name!r} is not a GPU count gpuwarden governs; use one of "
+                f"{', '.join(sorted(GPU_COUNT_RESOURCES))} as the DeviceClass's "
+                "extendedResourceName"
+            )
+        return name
+
+
+BackendName = Literal["volcano", "hami", "nvidia", "native", "dra"]
 
 # What a decision does (docs/rollout.md): enforce, as ever; audit, a pod the policies would deny
 # is admitted with warnings, audit annotations and a metric (Kyverno's validationFailureAction
@@ -326,7 +389,7 @@ def _backend_shorthand(value: Any) -> Any:
 
 
 Backend = Annotated[
-    VolcanoBackend | HamiBackend | NvidiaBackend | NativeBackend,
+    VolcanoBackend | HamiBackend | NvidiaBackend | NativeBackend | DraBackend,
     BeforeValidator(_backend_shorthand),
     Field(discriminator="type"),
 ]

@@ -275,6 +275,17 @@ def _convert_union(node: Mapping[str, Any], ctx: _Context) -> dict[str, Any]:
         for prop, names in owners.items()
         if len(names) < len(tags)
     ]
+    # A field one variant requires: the merged object cannot list it as required, so a rule
+    # asks for it under that variant's tag.
+    rules += [
+        {
+            "rule": f"self.{_cel_field(tag)} != {json.dumps(name)} || has(self.{_cel_field(prop)})",
+            "message": f"{tag} {name} needs {prop}",
+        }
+        for name, variant in variants
+        for prop in variant.get("required", ())
+        if prop != tag
+    ]
     if rules:
         merged["x-kubernetes-validations"] = rules
     return merged

@@ -8,6 +8,7 @@ check                  enforcement       requests
 =====================  ================  =============================================
 quantities             quantities        CREATE
 forged annotations     annotations       CREATE
+gpuwarden claims       annotations       CREATE
 tenant limits          tenant_limits     CREATE
 resource claims        tenant_limits     CREATE
 GPU routes             tenant_limits     CREATE
@@ -41,6 +42,7 @@ from gpuwarden.policy.admission.checks.base import (
 CHECKS: tuple[Check, ...] = (
     limits.QUANTITIES,
     updates.FORGED_ANNOTATIONS,
+    escapes.GPUWARDEN_CLAIMS,
     limits.TENANT_LIMITS,
     limits.RESOURCE_CLAIMS,
     routes.GPU_ROUTES,

@@ -19,8 +19,9 @@ from gpuwarden.policy.admission.checks.base import (
     request_kind,
 )
 from gpuwarden.policy.admission.decision import ClusterView
-from gpuwarden.policy.admission.mutate import plan
+from gpuwarden.policy.admission.mutate import is_own_claim_entry, own_claim, plan
 from gpuwarden.policy.admission.placement import Placement
+from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.environment import (
     FORBIDDEN_ENV,
     NOTHING,
@@ -33,6 +34,7 @@ from gpuwarden.policy.pod.environment import (
 from gpuwarden.policy.pod.resources import (
     ContainerRef,
 )
+from gpuwarden.policy.spec.backends import DRA_CLAIM_NAME, DRA_TEMPLATE_PREFIX
 from gpuwarden.policy.spec.model import HamiBackend
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -440,5 +442,61 @@ DEVICE_LIST_MOUNT = Check(
 HOST_PATH_VOLUMES = Check(
     "host path volumes", "host_paths", frozenset({CREATE}), _host_path_volumes
 )
+
+
+def _claim_entry_problem(entry: Mapping[str, Any], own: str | None, who: str) -> str | None:
+    """Why a pod-level claim entry passes for gpuwarden's when it is not this pod's; None when
+    it is not gpuwarden's (gpuwarden-gpu, or a gpuwarden-* template) or is this pod's own."""
+    name, template = entry.get("name"), entry.get("resourceClaimTemplateName")
+    ours = isinstance(template, str) and template.startswith(DRA_TEMPLATE_PREFIX)
+    if (name != DRA_CLAIM_NAME and not ours) or is_own_claim_entry(entry, own):
+        return None
+    field = f"spec.resourceClaims[{name}]"
+    if own is None:
+        what = f"template {template}" if ours else f"claim {DRA_CLAIM_NAME}"
+        return (
+            f"{field}: {what} is gpuwarden's, for pods of a shared profile on the dra backend, "
+            f"and {who} takes no claim; remove the entry and its resources.claims, and ask for "
+            f"the GPU in resources or choose a profile with the label {keys.PROFILE_LABEL}"
+        )
+    return (
+        f"{field}: only gpuwarden sets {DRA_CLAIM_NAME} and gpuwarden-* templates, and {who} "
+        f"takes claim {DRA_CLAIM_NAME} from template {own}; remove the entry and let gpuwarden "
+        "set it"
+    )
+
+
+def _gpuwarden_claims(context: CheckContext) -> Iterator[Violation]:
+    """A claim that passes for gpuwarden's: the name gpuwarden-gpu or a gpuwarden-* template on
+    a pod gpuwarden gives no such claim, or another profile's template. Those templates hold a
+    profile's share of a device, so a pod naming one would get another profile's GPU share."""
+    placement, view = context.placement, context.view
+    own = own_claim(placement)
+    profile = placement.profile
+    who = f"profile {profile.name} ({placement.origin})" if profile else "a pod of no profile"
+    entries = view.spec.get("resourceClaims")
+    for entry in entries if isinstance(entries, list) else []:
+        if isinstance(entry, dict):
+            problem = _claim_entry_problem(entry, own, who)
+            if problem is not None:
+                yield Violation("annotations", "ForgedClaim", problem)
+    targets = set(placement.containers) if own is not None else set()
+    for ref in view.all_containers:
+        if ref.field == "containers" and ref.name in targets:
+            continue
+        resources = ref.body.get("resources")
+        claims = resources.get("claims") if isinstance(resources, dict) else None
+        if isinstance(claims, list) and any(
+            isinstance(c, dict) and c.get("name") == DRA_CLAIM_NAME for c in claims
+        ):
+            yield Violation(
+                "annotations",
+                "ForgedClaim",
+                f"{container_path(ref)}.resources.claims[{DRA_CLAIM_NAME}]: gpuwarden gives "
+                f"that claim's GPU share only to the containers {who} gives GPUs to; remove it",
+            )
+
+
+GPUWARDEN_CLAIMS = Check("gpuwarden claims", "annotations", frozenset({CREATE}), _gpuwarden_claims)
 PRIVILEGE = Check("privilege", "privileged", frozenset({CREATE, DEBUG}), _privilege)
 HOST_NAMESPACES = Check("host namespaces", "host_namespaces", frozenset({CREATE}), _host_namespaces)

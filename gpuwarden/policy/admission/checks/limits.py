@@ -15,6 +15,7 @@ from gpuwarden.policy.admission.checks.base import (
     listed,
 )
 from gpuwarden.policy.admission.decision import ClusterView
+from gpuwarden.policy.admission.mutate import is_own_claim_entry, own_claim
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import (
@@ -25,6 +26,7 @@ from gpuwarden.policy.pod.quantity import (
 )
 from gpuwarden.policy.pod.resources import is_gpu_resource
 from gpuwarden.policy.pod.view import PodView
+from gpuwarden.policy.spec.backends import DRA_CLAIM_NAME
 from gpuwarden.policy.spec.model import Tenant
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -160,14 +162,21 @@ def _resource_claims(context: CheckContext) -> Iterator[Violation]:
     view, tenant = context.view, context.tenant
     if tenant is None or tenant.limits.allow_resource_claims:
         return
+    # gpuwarden's own claim (dra backend) is a profile's grant, not a claim the pod brings.
+    own = own_claim(context.placement)
+    targets = set(context.placement.containers) if own is not None else set()
     claims = view.spec.get("resourceClaims")
     fields = [
         f"spec.resourceClaims[{c.get('name', index) if isinstance(c, dict) else index}]"
         for index, c in enumerate(claims if isinstance(claims, list) else [])
+        if not is_own_claim_entry(c, own)
     ]
     for ref in view.all_containers:
         resources = ref.body.get("resources")
-        if isinstance(resources, dict) and resources.get("claims"):
+        used = resources.get("claims") if isinstance(resources, dict) else None
+        if used and ref.field == "containers" and ref.name in targets:
+            used = [c for c in used if c != {"name": DRA_CLAIM_NAME}]
+        if used:
             fields.append(f"{container_path(ref)}.resources.claims")
     if fields:
         yield Violation(
