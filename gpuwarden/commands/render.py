@@ -11,11 +11,13 @@ from typing import Any
 import yaml
 
 from gpuwarden.commands._inputs import InputError, load_policies, read_documents
+from gpuwarden.policy.render.claims import with_claim_templates
 from gpuwarden.policy.render.objects import Rendering, RenderOptions, quota_key_warnings, render
 from gpuwarden.policy.spec.schema import SchemaError, crd_manifest, crd_yaml, policy_field_table
 
 HELP = (
-    "Print the PriorityClasses, tenant ResourceQuotas and Volcano Queues a policy set implies, "
+    "Print the PriorityClasses, tenant ResourceQuotas, Volcano Queues and the dra backend's "
+    "ResourceClaimTemplates a policy set implies, "
     "with --kueue Kueue's queues too (or the GPUPolicy CRD, or the policy field table)."
 )
 
@@ -59,6 +61,11 @@ def register(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-quotas", action="store_true", help="leave out ResourceQuotas")
     parser.add_argument("--no-queues", action="store_true", help="leave out Volcano Queues")
+    parser.add_argument(
+        "--no-claim-templates",
+        action="store_true",
+        help="leave out the ResourceClaimTemplates of shared profiles on the dra backend",
+    )
     parser.add_argument(
         "--kueue",
         action="store_true",
@@ -219,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
         job_webhooks=args.job_webhooks,
     )
     rendering = render(policies, options)
+    if not args.no_claim_templates:
+        rendering = with_claim_templates(rendering, policies)
     for error in rendering.errors:
         _eprint(f"error: {error}")
     if rendering.errors:

@@ -1,5 +1,6 @@
-"""The tenant controller: a ResourceQuota and a Kueue LocalQueue in every namespace a tenant
-selects by label, applied as the namespace appears or changes.
+"""The tenant controller: a ResourceQuota, a Kueue LocalQueue and the dra backend's
+ResourceClaimTemplates in every namespace a tenant selects by label, applied as the namespace
+appears or changes.
 
 `gpuwarden render` writes these objects only for the namespaces tenants list by name (the chart
 installs them); a tenant that selects Kubeflow profile namespaces by label gets each new user's
@@ -31,7 +32,8 @@ log = logging.getLogger("gpuwarden.tenants")
 
 
 def server_side_apply(api: k8s_client.ApiClient, obj: Mapping[str, Any]) -> None:
-    """Apply ``obj`` (a ResourceQuota or a Kueue LocalQueue) as field manager ``gpuwarden``,
+    """Apply ``obj`` (a ResourceQuota, a Kueue LocalQueue or a ResourceClaimTemplate) as field
+    manager ``gpuwarden``,
     taking over fields another manager set."""
     meta = obj["metadata"]
     name, namespace = str(meta["name"]), str(meta["namespace"])

@@ -1,4 +1,5 @@
-"""What a namespace a tenant selects by label needs: its ResourceQuota and Kueue LocalQueue.
+"""What a namespace a tenant selects by label needs: its ResourceQuota, Kueue LocalQueue and the
+dra backend's ResourceClaimTemplates.
 
 `gpuwarden render` writes these objects only for namespaces a tenant lists by name (it cannot
 know the others); the tenant controller (:mod:`gpuwarden.kube.tenants`) asks this module for
@@ -12,6 +13,7 @@ from typing import Any
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.render import kueue
+from gpuwarden.policy.render.claims import claim_templates
 from gpuwarden.policy.render.objects import (
     ANNOTATION_RENDERED_FROM,
     MANAGED_BY,
@@ -55,4 +57,5 @@ def namespace_objects(
             objects.append(
                 kueue.local_queue(namespace, queue.name, labels=tenant_labels, annotations=source)
             )
+    objects += claim_templates(policies, namespace, labels)
     return objects
