@@ -4,9 +4,10 @@ resourceclaim controller when a pod ends."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,11 @@ from gpuwarden.lab.cluster.schedulinglab import (
     pod_scheduled_condition,
 )
 from gpuwarden.lab.cluster.stages import WORK_DONE
+from gpuwarden.lab.cluster.webhookstack import KUBEFLOW_PROFILE_LABELS
 from gpuwarden.lab.planning.strategies import Layout
+from gpuwarden.policy.render.claims import claim_templates
+
+from .conftest import Lab
 
 NODE = GpuNodePool("dra", count=1, gpus_per_node=2, dra=True)
 GPU_MEMORY = 81559 * 2**20
@@ -140,7 +145,13 @@ class DraLab:
     core: Any
     namespace: str
 
-    def create(self, *, claim_template: str | None = None, gpus: int = 0) -> str:
+    def create(
+        self,
+        *,
+        claim_template: str | None = None,
+        gpus: int = 0,
+        labels: Mapping[str, str] | None = None,
+    ) -> str:
         name = f"p-{uuid.uuid4().hex[:6]}"
         resources: dict[str, Any] = {}
         spec: dict[str, Any] = {}
@@ -152,7 +163,7 @@ class DraLab:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": name, "namespace": self.namespace},
+            "metadata": {"name": name, "namespace": self.namespace, "labels": dict(labels or {})},
             "spec": {
                 **spec,
                 "containers": [{"name": "c", "image": "busybox", "resources": resources}],
@@ -193,28 +204,43 @@ class DraLab:
         self.core.patch_namespaced_pod(name, self.namespace, patch)
 
 
+@contextlib.contextmanager
+def dra_nodes(
+    api: k8s_client.ApiClient,
+    lab: SchedulingLab,
+    plane: ControlPlane,
+    tools: Tools,
+    namespace: str,
+    templates: Sequence[Mapping[str, Any]],
+) -> Iterator[None]:
+    """The driver published for :data:`NODE`, kube-controller-manager's resourceclaim
+    controller running and ``templates`` in ``namespace``; the node gone afterwards."""
+    try:
+        with running_controller_manager(plane, tools, DRA_CONTROLLERS):
+            publish(api, [NODE])
+            apply_claim_templates(api, namespace, templates)
+            lab.add_pools(api, [NODE])
+            try:
+                yield
+            finally:
+                lab.remove_nodes(api)
+    finally:
+        delete_published(api)
+
+
 @pytest.fixture
 def dra_lab(
     scheduling_lab: SchedulingLab, lab_plane: ControlPlane, e2e_tools: Tools
 ) -> Iterator[DraLab]:
-    """One 2-GPU DRA node, the driver published, kube-controller-manager's resourceclaim
-    controller running, and templates of half a GPU by cores and a quarter by memory."""
+    """One 2-GPU DRA node and templates of half a GPU by cores and a quarter by memory."""
     api = lab_plane.api_client()
     namespace = f"dra-{uuid.uuid4().hex[:6]}"
+    ensure_namespaces(api, [namespace], {})
+    templates = [_template("half", 50), _template("quarter-memory", None, "20389Mi")]
     try:
-        with running_controller_manager(lab_plane, e2e_tools, DRA_CONTROLLERS):
-            publish(api, [NODE])
-            ensure_namespaces(api, [namespace], {})
-            apply_claim_templates(
-                api,
-                namespace,
-                [_template("half", 50), _template("quarter-memory", None, "20389Mi")],
-            )
-            scheduling_lab.add_pools(api, [NODE])
+        with dra_nodes(api, scheduling_lab, lab_plane, e2e_tools, namespace, templates):
             yield DraLab(api, k8s_client.CoreV1Api(api), namespace)
-            scheduling_lab.remove_nodes(api)
     finally:
-        delete_published(api)
         api.close()  # type: ignore[no-untyped-call]
 
 
@@ -244,3 +270,26 @@ def test_a_share_by_memory_alone_fills_a_device_by_memory(dra_lab: DraLab) -> No
     assert [d[0][1] for d in devices] == [pytest.approx(0.25, abs=1e-3)] * 4
     fifth = dra_lab.create(claim_template="quarter-memory")
     assert dra_lab.bound(fifth)[0][0] != devices[0][0][0]
+
+
+@pytest.mark.e2e
+def test_a_shared_and_a_whole_pod_from_the_webhook_share_a_node_on_different_devices(
+    lab: Lab, lab_plane: ControlPlane, e2e_tools: Tools
+) -> None:
+    namespace = lab.tenant_namespace()
+    templates = claim_templates(lab.gpuwarden.policies, namespace, KUBEFLOW_PROFILE_LABELS)
+    assert [t["metadata"]["name"] for t in templates] == ["gpuwarden-dra-shared"]
+    with dra_nodes(lab.api, lab.lab, lab_plane, e2e_tools, namespace, templates):
+        pods = DraLab(lab.api, k8s_client.CoreV1Api(lab.api), namespace)
+        shared = pods.create(gpus=1, labels={"lab.gpuwarden.io/dra": "shared"})
+        whole = pods.create(gpus=1, labels={"lab.gpuwarden.io/dra": "whole"})
+        stored = pods.read(shared)["spec"]
+        assert stored["resourceClaims"] == [
+            {"name": CLAIM, "resourceClaimTemplateName": "gpuwarden-dra-shared"}
+        ]
+        assert GPU_RESOURCE not in stored["containers"][0]["resources"].get("limits", {})
+        (share,) = pods.bound(shared)
+        (held,) = pods.bound(whole)
+        assert pods.read(shared)["spec"]["nodeName"] == pods.read(whole)["spec"]["nodeName"]
+        assert share[1] == 0.5 and held[1] == 1.0
+        assert share[0] != held[0], "the whole GPU is a device no share holds"

@@ -63,12 +63,11 @@ DRA_LAB_BACKEND: Mapping[str, str] = {
     "coresCapacity": CORES_CAPACITY,
     "schedulerName": BINPACK_SCHEDULER,
 }
-#: What the DRA stand-in replays of Volcano and HAMi, and what it does not.
+#: What the DRA stand-in replays of Volcano and HAMi, and what it does not (one note, whole).
 DRA_APPROXIMATION = (
-    "kube-scheduler's DRA allocator (consumable capacity) stands in for Volcano's deviceshare and "
-    "HAMi's scheduler: any GPU shared or whole, per-device GPU memory and a core share of 100 "
-    "summed as theirs; not their node or device scoring, queues or gangs, and nothing is "
-    "preempted for GPUs (kube-scheduler v1.37 does not preempt for DRA devices)"
+    "replayed: kube-scheduler's DRA allocator for Volcano's deviceshare / HAMi's scheduler "
+    "(per-device memory and core sums as theirs); not their node/device scoring, queues or "
+    "gangs; no GPU preemption"
 )
 
 #: Sharing without governance: notebooks and predictors share GPUs, nothing else changes
@@ -233,9 +232,11 @@ def _on_dra(backend: Any, where: str, notes: list[str]) -> Any:
     kind = backend.get("type") if isinstance(backend, Mapping) else backend
     if kind in _UNSCHEDULABLE_BACKENDS:
         notes.append(
-            f"{where}: backend {kind} replayed as dra on the lab's DRA driver, on kube-scheduler's "
-            f"packing profile {BINPACK_SCHEDULER}: {DRA_APPROXIMATION}"
+            f"{where}: backend {kind} replayed as dra (any GPU shared or whole) on the lab's DRA "
+            f"driver and kube-scheduler's packing profile {BINPACK_SCHEDULER}"
         )
+        if DRA_APPROXIMATION not in notes:
+            notes.append(DRA_APPROXIMATION)
         return dict(DRA_LAB_BACKEND)
     if kind == "nvidia":
         notes.append(
