@@ -41,6 +41,7 @@ from gpuwarden.lab.cluster.deviceplugin import ENDPOINT_STOP_GRACE, DevicePlugin
 from gpuwarden.lab.cluster.dradriver import (
     CORES_CAPACITY,
     DRA_CONTROLLERS,
+    MEMORY_CAPACITY,
     apply_claim_templates,
     claimed_gpus,
     pod_claim_names,
@@ -83,6 +84,7 @@ from gpuwarden.policy import (
     admitted_gpu_memory,
     validate,
 )
+from gpuwarden.policy.pod.quantity import parse_quantity
 from gpuwarden.policy.render.kueue import KUEUE_API
 
 _WATCH_SECONDS = 30
@@ -458,9 +460,13 @@ class Replay:
             if template is None:
                 continue
             share = template_share(template, gpu_memory)
+            capacity = template_capacity(template)
             record.gpus += share
-            record.memory_allocated += share * gpu_memory
-            if CORES_CAPACITY in template_capacity(template):
+            memory = capacity.get(MEMORY_CAPACITY)
+            record.memory_allocated += (
+                float(parse_quantity(str(memory))) if memory is not None else share * gpu_memory
+            )
+            if CORES_CAPACITY in capacity:
                 record.sm_share = share
 
     def _claimed(self, api: k8s_client.ApiClient, pod: PodState) -> list[tuple[int, float]] | None:
