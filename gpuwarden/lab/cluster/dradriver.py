@@ -12,8 +12,10 @@ memory: the device whole. That is Volcano's
 and HAMi's per-device accounting: memory and a core share of 100 per GPU (Volcano
 pkg/scheduler/api/devices/nvidia/vgpu/utils.go, HAMi pkg/device/nvidia/device.go). The DeviceClass
 ``gpuwarden-lab-gpu`` maps whole-GPU pods' ``nvidia.com/gpu`` onto these devices
-(``extendedResourceName``; DRAExtendedResource, GA in 1.37): the scheduler creates a claim for
-such a pod and records it in ``pod.status.extendedResourceClaimStatus``.
+(``extendedResourceName``; DRAExtendedResource, GA in 1.37): on a node whose allocatable has none
+of the resource the scheduler allocates it through DRA (a node that advertises it is left to the
+device plugin: extendeddynamicresources.go), creates a claim for the pod in PreBind and records
+it in ``pod.status.extendedResourceClaimStatus``.
 
 What the allocator does not do for these devices, in kube-scheduler v1.37.2: preempt. The
 DynamicResources plugin has no PreFilterExtensions (it cannot see a victim's devices freed) and
