@@ -15,8 +15,9 @@ from gpuwarden.commands._controllers import (
 from gpuwarden.kube.tenants import TenantController
 
 HELP = (
-    "Apply each tenant's ResourceQuota (and with --kueue its LocalQueue) in every namespace the "
-    "tenant selects by label, as the namespace appears (render writes those of listed namespaces)."
+    "Apply each tenant's ResourceQuota (and with --kueue its LocalQueue), and the dra backend's "
+    "ResourceClaimTemplates, in every namespace the tenant selects by label, as the namespace "
+    "appears (render writes those of listed namespaces)."
 )
 
 EXIT_OK = 0

@@ -15,6 +15,7 @@ from gpuwarden.policy.render.scope import review_scope
 from gpuwarden.policy.spec.backends import selects_shared_gpus
 from gpuwarden.policy.spec.model import (
     Backend,
+    DraBackend,
     Enforcement,
     GPUPolicy,
     HamiBackend,
@@ -87,6 +88,8 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
             )
         if gpus and isinstance(backend, NvidiaBackend):
             warnings += _nvidia_warnings(name, profile)
+        if gpus and profile.gpu_share and isinstance(backend, DraBackend):
+            warnings += _dra_warnings(name, profile, backend, gpus)
         if not profile.gpu_share and profile.thread_percentage is not None:
             warnings.append(
                 f"profile {name}: threadPercentage only applies to shared (MPS) GPUs; ignored"
@@ -266,6 +269,29 @@ def lint_errors(policies: PolicySet) -> list[str]:
     # What Kueue charges a job must be what its pods ask (gpuwarden/policy/render/kueue.py).
     errors += template_charge_errors(policies, [tenant for tenant, _ in kueue_tenants(policies)])
     return errors
+
+
+def _dra_warnings(name: str, profile: Profile, backend: DraBackend, gpus: int) -> list[str]:
+    """Settings of a shared profile that the dra backend's claim cannot carry."""
+    out: list[str] = []
+    if gpus > 1:
+        out.append(
+            f"profile {name}: gpus: {gpus} on the dra backend, where a shared pod gets one claim "
+            "on a share of one device, so its pods are denied; set gpus: 1 or gpuShare: false"
+        )
+    if profile.overcommit_ratio is not None and profile.overcommit_ratio > 1:
+        out.append(
+            f"profile {name}: overcommitRatio {profile.overcommit_ratio:g} has no form on the dra "
+            f"backend: its claim requests maxMemory of the devices' {backend.memory_capacity} "
+            "capacity"
+        )
+    if profile.thread_percentage is not None and backend.cores_capacity is None:
+        out.append(
+            f"profile {name}: threadPercentage {profile.thread_percentage} is not reserved on "
+            "the dra backend without backend.coresCapacity (a device capacity of 100 that "
+            "claims reserve their share of)"
+        )
+    return out
 
 
 def _limiter_backend_warnings(

@@ -24,6 +24,7 @@ from gpuwarden.lab.cluster.gpuwardenserver import wait_for
 from gpuwarden.lab.cluster.kueue import crd_manifests, module_dir
 from gpuwarden.lab.cluster.webhookstack import RELEASE_NAME, render_chart
 from gpuwarden.policy import load_paths
+from gpuwarden.policy.render.claims import claim_templates
 from gpuwarden.policy.render.objects import RenderOptions, render
 
 from .controlplane import ControlPlane, Tools
@@ -38,6 +39,7 @@ spec:
   backend: volcano
   profiles:
     - {{name: e2e-tc-shared, maxMemory: 16Gi, priority: 100}}
+    - {{name: e2e-tc-dra, maxMemory: 8Gi, backend: {{type: dra, deviceClassName: gpu.example.com}}}}
   defaultProfile: e2e-tc-shared
   tenants:
     - name: e2e-tc-listed
@@ -188,6 +190,30 @@ def test_a_new_profile_namespace_gets_its_quota_and_queue(
     assert "gpuwarden" in managers
     assert queue["metadata"]["name"] == "default"
     assert queue["spec"]["clusterQueue"] == "e2e-tc-profiles"
+
+
+def _claim_templates(api: k8s_client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    found = k8s_client.CustomObjectsApi(api).list_namespaced_custom_object(
+        "resource.k8s.io", "v1", namespace, "resourceclaimtemplates"
+    )
+    return list(found["items"])
+
+
+def test_a_new_profile_namespace_gets_the_dra_backends_claim_templates(
+    controller: subprocess.Popen[str], api_client: k8s_client.ApiClient, policies_dir: Path
+) -> None:
+    """Applied under the chart's ClusterRole, as claim_templates renders them."""
+    namespace = f"e2e-tc-{uuid.uuid4().hex[:8]}"
+    _create_namespace(api_client, namespace, {LABEL: "yes"})
+    got = wait_for(
+        f"the dra profile's ResourceClaimTemplate in {namespace}",
+        lambda: next(iter(_claim_templates(api_client, namespace)), None),
+        timeout=30,
+    )
+    (expected,) = claim_templates(load_paths([policies_dir]), namespace, {LABEL: "yes"})
+    assert got["metadata"]["name"] == expected["metadata"]["name"] == "gpuwarden-e2e-tc-dra"
+    assert got["metadata"]["labels"] == expected["metadata"]["labels"]
+    assert got["spec"]["spec"] == expected["spec"]["spec"]
 
 
 def test_listed_and_unselected_namespaces_are_left_to_render(

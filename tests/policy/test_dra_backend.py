@@ -9,13 +9,17 @@ structured/internal/incubating/consumable_capacity.go, fillEmptyRequest).
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
 
-from gpuwarden.policy import ClusterView, PolicySet, admit, mutate
+from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, mutate
+from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.pod import jobs
+from gpuwarden.policy.spec.loader import PolicyError
 
-from .support import apply_ops, container, create, gpu_pod, policies_from
+from .support import EXAMPLES, apply_ops, container, create, gpu_pod, policies_from, read_yaml
 
 DRA = "{type: dra, deviceClassName: gpu.example.com, coresCapacity: cores}"
 SPEC = (
@@ -73,7 +77,7 @@ def test_a_shared_pod_gets_the_claim_and_loses_its_gpu_resource(policies: Policy
         "gpuwarden: DRA claim gpuwarden-gpu from template gpuwarden-shared, a share of a "
         "gpu.example.com device" in warnings
     )
-    assert "16Gi GPU-memory cap" in text
+    assert "main: 1 shared GPU, 16Gi GPU-memory cap on dra, claimed of the device's memory" in text
 
 
 def test_the_mutated_pod_is_settled_on_reinvocation(policies: PolicySet) -> None:
@@ -181,3 +185,40 @@ def test_other_backends_never_write_claims(policies: PolicySet) -> None:
     pod, _ = admitted(policies, labelled("mps"))
     assert "resourceClaims" not in pod["spec"]
     assert "claims" not in container(pod, "main")["resources"]
+
+
+JOB_SPEC = SPEC.replace("tenants:", "defaultProfile: shared\ntenants:")
+
+
+@pytest.mark.parametrize("kind", ["pytorchjob", "trainjob"])
+def test_a_jobs_pods_get_the_claim_whether_or_not_the_job_can_hold_it(kind: str) -> None:
+    policies = policies_from(JOB_SPEC)
+    job = read_yaml(EXAMPLES / "jobs" / f"{kind}.yaml")
+    job["metadata"]["namespace"] = "team"
+    result = admit_job(AdmissionRequest("CREATE", "team", job), policies, ClusterView())
+    assert result.allowed
+    mutated = apply_ops(job, result.mutation)
+    for replica in jobs.replica_templates(mutated):
+        pod = jobs.replica_pod(mutated, replica, "team")
+        # The API server refuses a pod template whose containers name a claim the pod lacks
+        # (kubernetes pkg/apis/core/validation, validateResourceClaimNames).
+        named = {c["name"] for c in pod["spec"].get("resourceClaims", [])}
+        for body in pod["spec"]["containers"]:
+            assert {c["name"] for c in body.get("resources", {}).get("claims", [])} <= named
+        if kind == "trainjob":
+            # No TrainJob field holds a pod's claims: the template keeps its GPU resource (the
+            # API server would refuse containers naming a claim the pod lacks).
+            assert "resourceClaims" not in pod["spec"]
+            assert "each pod gets these when it is created" in result.mutation.warnings[-1]
+        final = admit(AdmissionRequest("CREATE", "team", pod), policies, ClusterView())
+        assert final.allowed, final.validation.message
+        assert final.pod["spec"]["resourceClaims"] == [CLAIM]
+        assert "nvidia.com/gpu" not in json.dumps(final.pod["spec"]["containers"])
+
+
+def test_a_whole_resource_gpuwarden_does_not_count_is_refused_at_load() -> None:
+    with pytest.raises(PolicyError) as raised:
+        policies_from(SPEC.replace("coresCapacity: cores}", "wholeResourceName: example.com/gpu}"))
+    assert "spec.backend.wholeResourceName: 'example.com/gpu' is not a GPU count gpuwarden" in (
+        str(raised.value)
+    )

@@ -7,16 +7,18 @@ import json
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from gpuwarden.cli import main
 from gpuwarden.commands.render import schema_problems
 from gpuwarden.policy import PolicySet, load_texts
+from gpuwarden.policy.lint import lint_warnings
 from gpuwarden.policy.render.claims import claim_templates
 from gpuwarden.policy.render.tenants import namespace_objects
 
-from .support import gpu_pod
+from .support import EXAMPLES, example, gpu_pod
 
 SPEC = """
   backend: {type: dra, deviceClassName: gpuwarden-lab-gpu, coresCapacity: cores}
@@ -140,3 +142,37 @@ def test_the_dry_run_cli_prints_the_pod_with_the_claim(
     assert resources["claims"] == [{"name": "gpuwarden-gpu"}]
     assert "nvidia.com/gpu" not in json.dumps(resources)
     assert "nvidia.com/gpu 1 replaced by claim gpuwarden-gpu" in err
+
+
+def test_the_example_policy_lints_clean_and_its_shared_notebook_is_a_valid_pod(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = EXAMPLES / "policies" / "dra.yaml"
+    assert main(["lint", "--strict", str(policy)]) == 0
+    capsys.readouterr()
+    notebook = example("notebook")
+    notebook["metadata"]["namespace"] = "team-vision"
+    source = tmp_path / "notebook.json"
+    source.write_text(json.dumps(notebook))
+    assert main(["apply", "--policies", str(policy), "-o", "json", str(source)]) == 0
+    pod = json.loads(capsys.readouterr().out)
+    kubernetes_validate.validate(pod, "1.37", strict=True)
+    main_container = pod["spec"]["containers"][0]
+    assert main_container["resources"]["claims"] == [{"name": "gpuwarden-gpu"}]
+    assert "nvidia.com/gpu" not in json.dumps(pod["spec"]["containers"])
+    # Applying twice equals applying once.
+    source.write_text(json.dumps(pod))
+    assert main(["apply", "--policies", str(policy), "-o", "json", str(source)]) == 0
+    assert json.loads(capsys.readouterr().out) == pod
+
+
+def test_lint_says_what_a_dra_claim_cannot_carry(tmp_path: Path) -> None:
+    text = POLICY + (
+        "  backend: {type: dra, deviceClassName: gpu.example.com}\n"
+        "  profiles:\n"
+        "    - {name: two, maxMemory: 8Gi, gpus: 2, overcommitRatio: 2, threadPercentage: 50}\n"
+    )
+    warnings = lint_warnings(load_texts([("p.yaml", text)]))
+    assert any("gpus: 2 on the dra backend" in w and "set gpus: 1" in w for w in warnings)
+    assert any("overcommitRatio 2 has no form on the dra backend" in w for w in warnings)
+    assert any("threadPercentage 50 is not reserved on the dra backend" in w for w in warnings)

@@ -9,6 +9,7 @@ charge templates (Kueue, Volcano's PodGroup minResources) charge what the pods u
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -23,11 +24,18 @@ from gpuwarden.policy.admission.decision import (
     warning,
 )
 from gpuwarden.policy.admission.pipeline import Admission, admit, enforced
-from gpuwarden.policy.admission.twins import in_job_terms, split_twins, twin_patch, value_at
+from gpuwarden.policy.admission.twins import (
+    in_job_terms,
+    split_twins,
+    twin_of,
+    twin_patch,
+    value_at,
+)
 from gpuwarden.policy.admission.validate import MAX_MESSAGE
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import JobShapeError, ReplicaTemplate
-from gpuwarden.policy.pod.pointer import escape, pointer
+from gpuwarden.policy.pod.pointer import escape, pointer, tokens
+from gpuwarden.policy.pod.resources import is_gpu_resource
 from gpuwarden.policy.spec.model import EnforcementAction
 from gpuwarden.policy.spec.policyset import PolicySet
 
@@ -106,6 +114,41 @@ def template_patch(
         made.add(op["path"])
         moved.append({**op, "path": base + op["path"]})
     return parents + moved
+
+
+_POD_CLAIMS = "/spec/resourceClaims"
+# A container's resources.claims, and its GPU resources, under any container list.
+_CONTAINER_CLAIMS = re.compile(r"^/spec/[A-Za-z]+/\d+/resources/claims(/|$)")
+_CONTAINER_RESOURCE = re.compile(r"^/spec/[A-Za-z]+/\d+/resources/(limits|requests)/[^/]+$")
+
+
+def _claim_ops(
+    twins: Sequence[tuple[str, str]], pod_patch: Sequence[Mapping[str, Any]]
+) -> tuple[list[Mapping[str, Any]], list[str]]:
+    """A pod patch that gives the pod gpuwarden's claim, where the job has no field for the
+    pod's claims (a TrainJob): the patch less the claim and the GPU resources it replaces, and
+    their paths. The API server refuses a pod template whose containers name a claim the pod
+    does not have, so each pod gets the claim when it is created instead."""
+    if not any(op["path"] == _POD_CLAIMS for op in pod_patch) or twin_of(twins, _POD_CLAIMS):
+        return list(pod_patch), []
+    kept: list[Mapping[str, Any]] = []
+    held: list[str] = []
+    for op in pod_patch:
+        path = str(op["path"])
+        if (
+            path == _POD_CLAIMS
+            or path.startswith(f"{_POD_CLAIMS}/")
+            or _CONTAINER_CLAIMS.match(path)
+            or (
+                op["op"] == "remove"
+                and _CONTAINER_RESOURCE.match(path) is not None
+                and is_gpu_resource(tokens(path)[-1])
+            )
+        ):
+            held.append(path)
+        else:
+            kept.append(op)
+    return kept, held
 
 
 def _own(pod_patch: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -228,7 +271,9 @@ def admit_job(
     current: Mapping[str, Any] = job  # as the replicas' patches so far leave it
     for r in replicas if not keep else ():
         if r.replica.twins:
-            ops, lost = twin_patch(current, r.replica.twins, _own(r.admission.mutation.patch))
+            pod_patch, held = _claim_ops(r.replica.twins, _own(r.admission.mutation.patch))
+            ops, lost = twin_patch(current, r.replica.twins, pod_patch)
+            lost = held + lost
             patch += ops
             current = jsonpatch.apply_patch(dict(current), ops) if ops else current
             if lost:

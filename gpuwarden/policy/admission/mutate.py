@@ -93,6 +93,22 @@ def plan(placement: Placement) -> BackendPlan | None:
     return placement.grant.plan if placement.grant is not None else None
 
 
+def own_claim(placement: Placement) -> str | None:
+    """The ResourceClaimTemplate of the claim gpuwarden gives the pod (dra backend, shared
+    profile); None where it gives none."""
+    backend_plan = plan(placement) if placement.governed else None
+    return backend_plan.claim_template if backend_plan is not None else None
+
+
+def is_own_claim_entry(entry: Any, template: str | None) -> bool:
+    """Whether a spec.resourceClaims entry is exactly the one gpuwarden writes for ``template``."""
+    return template is not None and entry == _pod_claim(template)
+
+
+def _pod_claim(template: str) -> dict[str, str]:
+    return {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": template}
+
+
 def _set_resources(patch: PatchBuilder, ref: ContainerRef, grant: Grant, notes: list[str]) -> None:
     # A value the container set that the profile replaces or removes is said in a warning (the
     # GPU count has its own line in the summary): the policy's word wins, never silently.
@@ -153,7 +169,7 @@ def _set_pod_claim(patch: PatchBuilder, template: str) -> None:
         isinstance(entry, dict) and entry.get("name") == DRA_CLAIM_NAME for entry in current
     ):
         return
-    patch.append(path, {"name": DRA_CLAIM_NAME, "resourceClaimTemplateName": template})
+    patch.append(path, _pod_claim(template))
 
 
 # The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import QuantityError, parse_non_negative
+from gpuwarden.policy.pod.resources import GPU_COUNT_RESOURCES
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_NAME = re.compile(
@@ -350,8 +351,23 @@ class DraBackend(_BackendBase):
     whole_resource_name: str = Field(
         default="nvidia.com/gpu",
         description="The extended resource whole-GPU pods ask for, which the DeviceClass maps "
-        "to its devices (DeviceClass spec.extendedResourceName)",
+        "to its devices (DeviceClass spec.extendedResourceName); one of the GPU counts "
+        "gpuwarden governs (nvidia.com/gpu, nvidia.com/gpu.shared, volcano.sh/vgpu-number, "
+        "volcano.sh/gpu-number)",
     )
+
+    @field_validator("whole_resource_name")
+    @classmethod
+    def _a_governed_gpu_count(cls, name: str) -> str:
+        # A name gpuwarden does not count as GPUs would leave whole-GPU pods ungoverned on
+        # re-admission, and outside the webhooks' scope.
+        if name not in GPU_COUNT_RESOURCES:
+            raise ValueError(
+                f"{name!r} is not a GPU count gpuwarden governs; use one of "
+                f"{', '.join(sorted(GPU_COUNT_RESOURCES))} as the DeviceClass's "
+                "extendedResourceName"
+            )
+        return name
 
 
 BackendName = Literal["volcano", "hami", "nvidia", "native", "dra"]

@@ -15,6 +15,7 @@ from gpuwarden.policy.pod.record import IdleRecord, PodRecord
 from gpuwarden.policy.spec.backends import BackendPlan, plan_for
 from gpuwarden.policy.spec.matchers import bound_kind
 from gpuwarden.policy.spec.model import (
+    DraBackend,
     EnforcementAction,
     GPUPolicy,
     IdleRule,
@@ -109,6 +110,9 @@ def _cap_detail(profile: ResolvedProfile) -> str:
     if backend == "nvidia":
         # Scheduling reserves one replica per GPU, whatever the cap and overcommit ratio.
         return " on nvidia, one replica reserved per GPU"
+    if isinstance(profile.backend, DraBackend):
+        # The claim's capacity request is the cap (render/claims.py), whatever the ratio.
+        return f" on dra, claimed of the device's {profile.backend.memory_capacity}"
     extra = f", {format_mebibytes(reserved)} reserved" if reserved is not None else ""
     return f"{extra} on {backend}"
 

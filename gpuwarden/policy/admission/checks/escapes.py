@@ -19,7 +19,7 @@ from gpuwarden.policy.admission.checks.base import (
     request_kind,
 )
 from gpuwarden.policy.admission.decision import ClusterView
-from gpuwarden.policy.admission.mutate import plan
+from gpuwarden.policy.admission.mutate import is_own_claim_entry, own_claim, plan
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.environment import (
@@ -442,21 +442,6 @@ DEVICE_LIST_MOUNT = Check(
 HOST_PATH_VOLUMES = Check(
     "host path volumes", "host_paths", frozenset({CREATE}), _host_path_volumes
 )
-
-
-def own_claim(placement: Placement) -> str | None:
-    """The ResourceClaimTemplate of the claim gpuwarden gives the pod (dra backend, shared
-    profile); None where it gives none."""
-    backend_plan = plan(placement) if placement.governed else None
-    return backend_plan.claim_template if backend_plan is not None else None
-
-
-def is_own_claim_entry(entry: Any, template: str | None) -> bool:
-    """Whether a spec.resourceClaims entry is exactly the one gpuwarden writes for ``template``."""
-    return template is not None and entry == {
-        "name": DRA_CLAIM_NAME,
-        "resourceClaimTemplateName": template,
-    }
 
 
 def _claim_entry_problem(entry: Mapping[str, Any], own: str | None, who: str) -> str | None:

@@ -14,8 +14,8 @@ from gpuwarden.policy.admission.checks.base import (
     container_path,
     listed,
 )
-from gpuwarden.policy.admission.checks.escapes import is_own_claim_entry, own_claim
 from gpuwarden.policy.admission.decision import ClusterView
+from gpuwarden.policy.admission.mutate import is_own_claim_entry, own_claim
 from gpuwarden.policy.admission.placement import Placement
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import (
