@@ -788,10 +788,14 @@ def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
             ("--policies", args.policies),
             ("--mps-nodes sweep", isinstance(args.mps_nodes, SplitSweep)),
             ("--mps-nodes follow", isinstance(args.mps_nodes, FollowDemand)),
-            ("--stand-in dra", args.stand_in == "dra"),
         )
         if value
     ]
+    if args.stand_in == "dra":
+        raise InputError(
+            "--fill: its fractional pods are placed on MPS slices; --stand-in dra has no MPS "
+            "nodes (leave --stand-in out)"
+        )
     if given:
         raise InputError(
             f"{', '.join(given)}: --fill compares kube-scheduler profiles "

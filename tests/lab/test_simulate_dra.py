@@ -44,6 +44,7 @@ def _refused(*args: str) -> str:
 def test_dra_refuses_mps_nodes_and_tenant_queues_saying_why() -> None:
     assert "there are no MPS nodes" in _refused("--stand-in=dra", "--mps-nodes=follow")
     assert "there are no MPS nodes" in _refused("--stand-in=dra", "--mps-nodes=2")
+    assert "has no MPS nodes" in _refused("--stand-in=dra", "--fill=1.3")
     assert "do not count DRA claims" in _refused("--stand-in=dra", "--only=default-policy+kueue")
 
 
