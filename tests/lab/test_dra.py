@@ -293,3 +293,17 @@ def test_a_shared_and_a_whole_pod_from_the_webhook_share_a_node_on_different_dev
         assert pods.read(shared)["spec"]["nodeName"] == pods.read(whole)["spec"]["nodeName"]
         assert share[1] == 0.5 and held[1] == 1.0
         assert share[0] != held[0], "the whole GPU is a device no share holds"
+
+
+@pytest.mark.e2e
+def test_a_deleted_pods_claim_frees_its_share(dra_lab: DraLab) -> None:
+    """A preempted, withdrawn or idle-stopped pod is deleted: the resourceclaim controller then
+    drops its reservation and allocation, as for a finished one."""
+    first, second = (dra_lab.create(claim_template="half") for _ in range(2))
+    (one,) = dra_lab.bound(first)
+    dra_lab.bound(second)
+    dra_lab.bound(dra_lab.create(gpus=1))
+    third = dra_lab.create(claim_template="half")
+    assert "cannot allocate all claims" in dra_lab.unschedulable(third)
+    dra_lab.core.delete_namespaced_pod(first, dra_lab.namespace)
+    assert dra_lab.bound(third) == [(one[0], 0.5)]

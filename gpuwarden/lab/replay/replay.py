@@ -474,10 +474,11 @@ class Replay:
         when it is first seen bound (None: not a DRA lab, not bound, or read already)."""
         if not self.layout.dra or pod.node is None or pod.name in self._placed:
             return None
-        self._placed.add(pod.name)
         shape = self.shapes.get(pod.node)
         gpu_memory = float((shape.gpu_memory_mib if shape else 0) * 2**20)
-        return claimed_gpus(api, pod.namespace, pod.claims, pod.node, gpu_memory)
+        devices = claimed_gpus(api, pod.namespace, pod.claims, pod.node, gpu_memory)
+        self._placed.add(pod.name)
+        return devices
 
     # -- what the cluster did -----------------------------------------------------------------
 
@@ -510,7 +511,10 @@ class Replay:
 
     def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
         reject = False
-        devices = None if deleted else self._claimed(api, pod)
+        try:
+            devices = None if deleted else self._claimed(api, pod)
+        except ApiException:
+            return  # its claims are read again at its next change (KWOK runs it at once)
         with self._lock:
             now = min(self.now(), self.horizon)
             if pod.name not in self.ledger.records:
