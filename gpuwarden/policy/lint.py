@@ -100,6 +100,7 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
                 "preemptible work usually has the lowest priorities"
             )
     for tenant in policies.tenants:
+        warnings += _dra_override_warnings(policies, tenant)
         limits = tenant.limits
         if (
             limits.max_gpus_per_pod is None
@@ -291,6 +292,24 @@ def _dra_warnings(name: str, profile: Profile, backend: DraBackend, gpus: int) -
             "the dra backend without backend.coresCapacity (a device capacity of 100 that "
             "claims reserve their share of)"
         )
+    return out
+
+
+def _dra_override_warnings(policies: PolicySet, tenant: Tenant) -> list[str]:
+    """A tenant override that makes a shared dra profile ask for more than one GPU."""
+    out: list[str] = []
+    for name in sorted(tenant.overrides):
+        if name not in policies.profiles:
+            continue  # the loader names an override of an unknown profile
+        resolved = policies.resolve(name, tenant)
+        own = policies.resolve(name, None)
+        shared = resolved.gpu_share and isinstance(resolved.backend, DraBackend)
+        if shared and resolved.gpus > 1 and (own.gpus, own.gpu_share) != (resolved.gpus, True):
+            out.append(
+                f"tenant {tenant.name}: its override of profile {name} asks for {resolved.gpus} "
+                "shared GPUs on the dra backend, where a shared pod gets one claim on a share of "
+                "one device, so its pods are denied; override gpus: 1 or gpuShare: false"
+            )
     return out
 
 

@@ -37,6 +37,7 @@ spec:
   backend: {type: dra, deviceClassName: gpuwarden-lab-gpu, coresCapacity: cores}
   profiles:
     - {name: notebook, maxMemory: 16Gi, threadPercentage: 25}
+    - {name: small, maxMemory: 4Gi}
     - {name: train, gpuShare: false, gpus: 2}
   defaultProfile: train
   tenants:
@@ -70,13 +71,15 @@ def test_the_api_server_keeps_the_rendered_template_as_it_is(
     gpuwarden: WebhookStack, dra_namespace: str
 ) -> None:
     wanted = claim_templates(gpuwarden.policies, dra_namespace, TENANT_LABELS)
-    assert [t["metadata"]["name"] for t in wanted] == ["gpuwarden-notebook"]
-    stored: Any = k8s_client.CustomObjectsApi(gpuwarden.api).get_namespaced_custom_object(
-        "resource.k8s.io", "v1", dra_namespace, "resourceclaimtemplates", "gpuwarden-notebook"
-    )
-    # Nothing pruned or changed (the server adds only the claims' empty metadata).
-    assert stored["spec"] == {**wanted[0]["spec"], "metadata": {}}
-    assert stored["metadata"]["labels"] == wanted[0]["metadata"]["labels"]
+    assert [t["metadata"]["name"] for t in wanted] == ["gpuwarden-notebook", "gpuwarden-small"]
+    for template in wanted:
+        name = template["metadata"]["name"]
+        stored: Any = k8s_client.CustomObjectsApi(gpuwarden.api).get_namespaced_custom_object(
+            "resource.k8s.io", "v1", dra_namespace, "resourceclaimtemplates", name
+        )
+        # Nothing pruned or changed (the server adds only the claims' empty metadata).
+        assert stored["spec"] == {**template["spec"], "metadata": {}}
+        assert stored["metadata"]["labels"] == template["metadata"]["labels"]
 
 
 def test_a_shared_pod_is_stored_with_the_claim_and_no_gpu_resource(

@@ -69,8 +69,11 @@ def test_one_template_per_shared_dra_profile_with_the_tenants_overrides(
             "capacity": {"requests": {"memory": "24Gi", "cores": "25"}},
         },
     }
-    # No threadPercentage: no cores requested.
-    assert _request(templates[1])["exactly"]["capacity"] == {"requests": {"memory": "4Gi"}}
+    # No threadPercentage: no cores reserved, but named (a capacity a claim does not name is
+    # consumed whole).
+    assert _request(templates[1])["exactly"]["capacity"] == {
+        "requests": {"memory": "4Gi", "cores": "0"}
+    }
     # A namespace of no tenant gets the profiles as they are.
     elsewhere = claim_templates(policies, "elsewhere")
     assert _request(elsewhere[0])["exactly"]["capacity"]["requests"]["memory"] == "16Gi"
@@ -176,3 +179,21 @@ def test_lint_says_what_a_dra_claim_cannot_carry(tmp_path: Path) -> None:
     assert any("gpus: 2 on the dra backend" in w and "set gpus: 1" in w for w in warnings)
     assert any("overcommitRatio 2 has no form on the dra backend" in w for w in warnings)
     assert any("threadPercentage 50 is not reserved on the dra backend" in w for w in warnings)
+
+
+def test_lint_says_when_a_tenant_override_asks_for_shared_gpus_a_claim_cannot_hold() -> None:
+    text = POLICY + (
+        "  backend: {type: dra, deviceClassName: gpu.example.com}\n"
+        "  profiles:\n"
+        "    - {name: train, gpuShare: false, gpus: 4}\n"
+        "  tenants:\n"
+        "    - name: tenant-b\n"
+        "      namespaces: [tenant-b]\n"
+        "      overrides: {train: {gpus: 2, gpuShare: true, maxMemory: 40Gi}}\n"
+    )
+    warnings = lint_warnings(load_texts([("p.yaml", text)]))
+    assert (
+        "tenant tenant-b: its override of profile train asks for 2 shared GPUs on the dra "
+        "backend, where a shared pod gets one claim on a share of one device, so its pods are "
+        "denied; override gpus: 1 or gpuShare: false"
+    ) in warnings

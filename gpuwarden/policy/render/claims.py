@@ -3,7 +3,8 @@
 A shared profile on the dra backend gives its pod the claim ``gpuwarden-gpu`` from the template
 ``gpuwarden-<profile>`` of the pod's namespace (admission/mutate.py); the template asks for one
 device of the backend's DeviceClass and a share of its capacity: ``maxMemory`` of the memory
-capacity, and ``threadPercentage`` of the cores capacity where the backend names one. Kubernetes
+capacity, and ``threadPercentage`` (0 where the profile sets none) of the cores capacity where
+the backend names one. Kubernetes
 v1.37 (resource.k8s.io/v1, DRAConsumableCapacity) allocates such a share of a device whose
 ResourceSlice sets ``allowMultipleAllocations: true``, and the sum of the shares stays within
 the device's capacity (k8s.io/dynamic-resource-allocation structured/internal/incubating/
@@ -33,8 +34,11 @@ def claim_request(profile: ResolvedProfile, backend: DraBackend) -> dict[str, An
     capacity: dict[str, str] = {}
     if profile.max_memory_text is not None:
         capacity[backend.memory_capacity] = profile.max_memory_text
-    if backend.cores_capacity is not None and profile.thread_percentage is not None:
-        capacity[backend.cores_capacity] = str(profile.thread_percentage)
+    if backend.cores_capacity is not None:
+        # A capacity the claim does not name is consumed whole (CapacityRequirements.Requests in
+        # k8s.io/api resource/v1 types.go), so a profile without a core share asks for none, as
+        # Volcano and HAMi reserve no cores for a pod that names none.
+        capacity[backend.cores_capacity] = str(profile.thread_percentage or 0)
     exactly: dict[str, Any] = {
         "deviceClassName": backend.device_class_name,
         "allocationMode": "ExactCount",
