@@ -28,6 +28,7 @@ from gpuwarden.lab.cluster.dradriver import (
     device_class,
     pod_claim_names,
     publish,
+    reservation,
     resource_slice,
     template_share,
 )
@@ -108,6 +109,11 @@ def test_a_share_is_its_cores_or_else_its_memory_and_a_claim_naming_nothing_is_w
     assert consumed_share({"cores": "0", "memory": "40778Mi"}, 81556 * 2**20) == 0.5
     assert consumed_share({}, GPU_MEMORY) == 1.0
     assert template_share(_template("t", 50), GPU_MEMORY) == 0.5
+    by_cores = reservation(_template("t", 50), GPU_MEMORY)
+    assert (by_cores.share, by_cores.memory, by_cores.sm_share) == (0.5, 16 * 2**30, 0.5)
+    # claim_templates names 0 cores for a profile without threadPercentage: no SM cap.
+    by_memory = reservation(_template("t", 0, "20389Mi"), 81556 * 2**20)
+    assert (by_memory.share, by_memory.sm_share) == (pytest.approx(0.25), None)
     claim = {
         "status": {
             "allocation": {

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s_client
@@ -226,6 +227,30 @@ def template_capacity(template: Mapping[str, Any]) -> Mapping[str, Any]:
 def template_share(template: Mapping[str, Any], gpu_memory: float) -> float:
     """The share of one GPU a claim from ``template`` reserves (see :func:`consumed_share`)."""
     return consumed_share(template_capacity(template), gpu_memory)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What a claim from a template sets aside on its device."""
+
+    share: float  # of the device (see consumed_share)
+    memory: float  # bytes of its GPU memory
+    sm_share: float | None  # the SMs it may use, when it reserved cores (None: no cap)
+
+
+def reservation(template: Mapping[str, Any], gpu_memory: float) -> Reservation:
+    """A claim from ``template`` on a device of ``gpu_memory`` bytes: a share reserved by cores
+    caps the pod's SMs at it, as Volcano's vgpu-cores and HAMi's gpucores do (0 cores: no cap,
+    as their default)."""
+    capacity = template_capacity(template)
+    share = consumed_share(capacity, gpu_memory)
+    memory = capacity.get(MEMORY_CAPACITY)
+    cores = float(parse_quantity(str(capacity.get(CORES_CAPACITY, "0"))))
+    return Reservation(
+        share=share,
+        memory=float(parse_quantity(str(memory))) if memory is not None else share * gpu_memory,
+        sm_share=share if cores > 0 else None,
+    )
 
 
 def delete_published(api: k8s_client.ApiClient) -> None:

@@ -39,15 +39,12 @@ from gpuwarden.lab.cluster.controllermanager import running_controller_manager
 from gpuwarden.lab.cluster.controlplane import ControlPlane, Process, Tools, json_log_records
 from gpuwarden.lab.cluster.deviceplugin import ENDPOINT_STOP_GRACE, DevicePluginEmulation
 from gpuwarden.lab.cluster.dradriver import (
-    CORES_CAPACITY,
     DRA_CONTROLLERS,
-    MEMORY_CAPACITY,
     apply_claim_templates,
     claimed_gpus,
     pod_claim_names,
     publish,
-    template_capacity,
-    template_share,
+    reservation,
 )
 from gpuwarden.lab.cluster.kueue import (
     Kueue,
@@ -84,7 +81,6 @@ from gpuwarden.policy import (
     admitted_gpu_memory,
     validate,
 )
-from gpuwarden.policy.pod.quantity import parse_quantity
 from gpuwarden.policy.render.kueue import KUEUE_API
 
 _WATCH_SECONDS = 30
@@ -459,15 +455,11 @@ class Replay:
             template = templates.get(str(claim.get("resourceClaimTemplateName")))
             if template is None:
                 continue
-            share = template_share(template, gpu_memory)
-            capacity = template_capacity(template)
-            record.gpus += share
-            memory = capacity.get(MEMORY_CAPACITY)
-            record.memory_allocated += (
-                float(parse_quantity(str(memory))) if memory is not None else share * gpu_memory
-            )
-            if CORES_CAPACITY in capacity:
-                record.sm_share = share
+            reserved = reservation(template, gpu_memory)
+            record.gpus += reserved.share
+            record.memory_allocated += reserved.memory
+            if reserved.sm_share is not None:
+                record.sm_share = reserved.sm_share
 
     def _claimed(self, api: k8s_client.ApiClient, pod: PodState) -> list[tuple[int, float]] | None:
         """DRA: (GPU index, share) of the devices the pod's claims were allocated, read once
