@@ -46,6 +46,7 @@ from gpuwarden.lab.planning.sizing import shared_slice_hours
 from gpuwarden.lab.planning.strategies import (
     KUEUE_SUFFIX,
     NO_IDLE_SUFFIX,
+    STAND_INS,
     Layout,
     Strategy,
     builtin_strategies,
@@ -243,6 +244,15 @@ def _lab_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--mps-replicas", type=int, default=4, metavar="N", help="MPS replicas per GPU (default 4)"
     )
+    parser.add_argument(
+        "--stand-in",
+        choices=STAND_INS,
+        default="mps",
+        help="what replays Volcano and HAMi policies: mps (default): their shared profiles on "
+        "MPS nodes of NVIDIA's device plugin, the rest on whole-GPU nodes; dra: every GPU node "
+        "a DRA node of the lab's driver, where any GPU is shared or whole, allocated by "
+        "kube-scheduler by GPU memory and a core share of 100 per device (the dra backend)",
+    )
 
 
 def _output_options(parser: argparse.ArgumentParser) -> None:
@@ -409,7 +419,13 @@ def _layout(args: argparse.Namespace) -> Layout:
     elif args.node_sample is not None:
         raise InputError("--node-sample: only with --node-list")
     mps = None if isinstance(args.mps_nodes, SplitSweep | FollowDemand) else args.mps_nodes
-    return Layout(args.nodes, args.gpus_per_node, mps, args.mps_replicas, node_pools=pools)
+    dra = args.stand_in == "dra"
+    if dra and args.mps_nodes is not None:
+        raise InputError(
+            "--mps-nodes: with --stand-in dra every GPU node is a DRA node, where any GPU is "
+            "shared or whole: there are no MPS nodes to size, sweep or move (leave --mps-nodes out)"
+        )
+    return Layout(args.nodes, args.gpus_per_node, mps, args.mps_replicas, node_pools=pools, dra=dra)
 
 
 def _strategies(
@@ -417,14 +433,14 @@ def _strategies(
 ) -> list[Strategy]:
     """The strategies to replay; ``queued`` makes a strategy's tenant-queue variant, which
     ``--only`` asks for as NAME+kueue."""
-    strategies = builtin_strategies(REPO_ROOT / "policies")
+    strategies = builtin_strategies(REPO_ROOT / "policies", args.stand_in)
     for given in args.policies:
         name, sep, path = given.partition("=")
         if not sep:
             name, path = Path(given).stem, given
         if not Path(path).exists():
             raise InputError(f"--policies {given}: no such file or directory")
-        strategies.append(strategy_from_paths(name, [Path(path)]))
+        strategies.append(strategy_from_paths(name, [Path(path)], args.stand_in))
     names = [s.name for s in strategies]
     if len(set(names)) != len(names):
         raise InputError(f"two strategies with the same name: {', '.join(names)}")
@@ -434,6 +450,12 @@ def _strategies(
         strategies += _without_idle(wanted, bases, names)
         for name in wanted:
             base = bases.get(name.removesuffix(KUEUE_SUFFIX))
+            if name.endswith(KUEUE_SUFFIX) and args.stand_in == "dra":
+                raise InputError(
+                    f"--only {name}: with --stand-in dra, Kueue's quotas (per resource: "
+                    "nvidia.com/gpu and MPS replicas) do not count DRA claims; replay it with "
+                    "--stand-in mps"
+                )
             if name.endswith(KUEUE_SUFFIX) and base is not None and queued is not None:
                 strategies.append(queued(base))
                 names.append(name)
@@ -652,6 +674,8 @@ def _sweep_outputs(
 
 
 def _mps_nodes_json(asked: object, layout: Layout) -> str | int:
+    if layout.dra:
+        return 0
     if isinstance(asked, FollowDemand):
         return "follow"
     return "auto" if layout.mps_nodes is None else layout.mps_nodes
@@ -732,6 +756,7 @@ def run(args: argparse.Namespace) -> int:
                 "gpusPerNode": plan.layout.gpus_per_node,
                 "mpsNodes": _mps_nodes_json(args.mps_nodes, plan.layout),
                 "mpsReplicas": plan.layout.mps_replicas,
+                **({"standIn": "dra"} if plan.layout.dra else {}),
             },
             "strategies": [r.as_json(load) for r in reports],
             **({"mpsSweep": sweep_bodies} if sweep is not None else {}),
@@ -766,6 +791,11 @@ def _fill_plan(args: argparse.Namespace) -> tuple[list[FillPod], Layout]:
         )
         if value
     ]
+    if args.stand_in == "dra":
+        raise InputError(
+            "--fill: its fractional pods are placed on MPS slices; --stand-in dra has no MPS "
+            "nodes (leave --stand-in out)"
+        )
     if given:
         raise InputError(
             f"{', '.join(given)}: --fill compares kube-scheduler profiles "

@@ -10,7 +10,7 @@ import sys
 import threading
 from pathlib import Path
 
-from gpuwarden.lab.planning.strategies import builtin_strategies
+from gpuwarden.lab.planning.strategies import DRA_APPROXIMATION, builtin_strategies
 from gpuwarden.lab.reporting.plot import wait_minutes
 from gpuwarden.lab.reporting.report import StrategyReport, table
 
@@ -95,3 +95,11 @@ def test_lab_backend_note_is_a_whole_sentence_and_printed_whole() -> None:
     (note,) = [n for n in strategies["default-policy"].notes if "backend volcano" in n]
     assert note.endswith("; the volcano scheduler itself is not run")
     assert table([_report({}, (note,))]).splitlines()[-1] == f"note: s: {note}"
+
+
+def test_dra_notes_say_what_is_replayed_and_are_printed_whole() -> None:
+    strategies = {s.name: s for s in builtin_strategies(ROOT / "policies", "dra")}
+    notes = strategies["default-policy"].notes
+    assert [n for n in notes if "backend volcano replayed as dra" in n]
+    assert DRA_APPROXIMATION in notes
+    assert table([_report({}, notes)]).splitlines()[-1] == f"note: s: {DRA_APPROXIMATION}"

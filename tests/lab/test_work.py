@@ -306,3 +306,31 @@ def test_a_late_event_never_moves_the_clock_back() -> None:
     times = [s.at for s in model.samples]
     assert times == sorted(times)
     assert model.samples[-1].allocated == 1
+
+
+def test_dra_pods_run_on_the_devices_their_claims_got_holding_their_share() -> None:
+    """Two pods of half a GPU by cores (SMs capped at 50%, busy 0.8) share device 0 and fill it;
+    a whole pod holds device 1; the node's 2 GPUs are all allocated."""
+    model = WorkModel({"n": NodeGpus(2)})
+    for key in ("a", "b"):
+        model.start(
+            key,
+            0.0,
+            node="n",
+            whole=0,
+            slices=0,
+            asked=1,
+            busy=0.8,
+            sm_share=0.5,
+            target=HOUR,
+            devices=[(0, 0.5)],
+        )
+    model.start(
+        "w", 0.0, node="n", whole=1, slices=0, asked=1, busy=1.0, target=HOUR, devices=[(1, 1.0)]
+    )
+    assert model.placement("a") == model.placement("b") == (("n", 0),)
+    assert model.placement("w") == (("n", 1),)
+    assert model.speed("a") == pytest.approx(0.5 / 0.8)  # its cap, no contention: 0.5 + 0.5 = 1
+    assert model.speed("w") == 1.0
+    assert model.samples[-1].allocated == 2.0
+    assert model.samples[-1].busy == 2.0

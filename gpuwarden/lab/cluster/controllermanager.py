@@ -58,6 +58,11 @@ class ControllerManager:
                 f"--kubeconfig={self.plane.kubeconfig_path}",
                 f"--controllers={','.join(self.controllers)}",
                 "--leader-elect=false",
+                # The lab replays a week in minutes: at the default 20 requests/s the
+                # resourceclaim controller's claims lag their pods by seconds (simulated
+                # half-hours). As the lab's kube-scheduler (schedulinglab.scheduler_configuration).
+                "--kube-api-qps=200",
+                "--kube-api-burst=400",
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 f"--cert-dir={workdir / 'kube-controller-manager-certs'}",

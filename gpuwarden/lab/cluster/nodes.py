@@ -81,7 +81,9 @@ class GpuNodePool:
     """``count`` identical GPU nodes named ``<name>-<i>``.
 
     ``mps_replicas`` above 1 is the device plugin sharing each GPU through MPS among that many
-    pods; ``rename_shared`` advertises those replicas as nvidia.com/gpu.shared.
+    pods; ``rename_shared`` advertises those replicas as nvidia.com/gpu.shared. ``dra``: no
+    device plugin, the lab's DRA driver publishes the GPUs (:mod:`gpuwarden.lab.cluster.dradriver`)
+    and the node advertises no GPU resource of its own.
     """
 
     name: str
@@ -93,10 +95,13 @@ class GpuNodePool:
     rename_shared: bool = False
     labels: Mapping[str, str] = field(default_factory=dict)
     taints: tuple[Taint, ...] = ()
+    dra: bool = False
 
     def __post_init__(self) -> None:
         if self.count < 0 or self.gpus_per_node < 0 or self.mps_replicas < 1:
             raise ValueError(f"pool {self.name}: counts must be positive")
+        if self.dra and self.shared:
+            raise ValueError(f"pool {self.name}: a DRA pool shares GPUs through claims, not MPS")
 
     @property
     def shared(self) -> bool:
@@ -144,7 +149,9 @@ class GpuNodePool:
         }
 
     def advertised(self) -> dict[str, str]:
-        """The GPU resource its device plugin advertises, at its count."""
+        """The GPU resource its device plugin advertises, at its count (none on a DRA node)."""
+        if self.dra:
+            return {}
         return {self.gpu_resource: str(self.gpus_per_node * self.mps_replicas)}
 
     def node_manifest(self, name: str) -> dict[str, Any]:

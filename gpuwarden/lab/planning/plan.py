@@ -11,7 +11,7 @@ tenant's live pods, so the replay validates each pod again, against them, when i
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
@@ -30,6 +30,7 @@ from gpuwarden.policy import Admission, AdmissionRequest, ClusterView, PolicySet
 from gpuwarden.policy.admission.manifests import priority_class
 from gpuwarden.policy.pod.record import IdleRecord
 from gpuwarden.policy.pod.record import PodRecord as DecisionRecord
+from gpuwarden.policy.render.claims import claim_templates
 from gpuwarden.policy.render.objects import render
 from gpuwarden.policy.spec.precedence import NAMESPACE_NAME_LABEL
 
@@ -50,6 +51,8 @@ class StrategyPlan:
     decisions: Mapping[int, Admission]  # by trace row; none without policies
     # Its MPS pool follows demand from the layout's split (None: the split stays fixed).
     follow: FollowPools | None = None
+    # DRA nodes: the ResourceClaimTemplates its shared profiles need, by trace namespace.
+    claim_templates: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
 
 
 def namespace_view_labels(
@@ -98,7 +101,7 @@ def resolve_layout(
 ) -> tuple[Layout, list[str]]:
     """``layout`` with the strategy's MPS nodes resolved (sized to its shared demand when the
     layout leaves them open, or those its tenant queues were split for), and notes on them."""
-    if not strategy.shares:
+    if not strategy.shares or layout.dra:  # DRA nodes share any GPU: no MPS nodes
         return replace(layout, mps_nodes=0), []
     if layout.mps_nodes is None and strategy.mps_nodes is not None:
         layout = replace(layout, mps_nodes=strategy.mps_nodes)
@@ -135,7 +138,17 @@ def plan_strategy(
     view = lab_view(namespaces, classes)
     decisions = {} if policies is None else decide_rows(policies, rows, view)
     resolved, notes = resolve_layout(layout, strategy, rows, decisions)
-    return StrategyPlan(strategy, resolved, tuple(notes), classes, view, decisions)
+    templates = (
+        {
+            ns: tuple(claim_templates(policies, ns, labels))
+            for ns, labels in namespace_view_labels(namespaces).items()
+        }
+        if layout.dra and policies is not None
+        else {}
+    )
+    return StrategyPlan(
+        strategy, resolved, tuple(notes), classes, view, decisions, claim_templates=templates
+    )
 
 
 def idle_stop_rules(plan: StrategyPlan, rows: Sequence[TraceRow]) -> dict[int, IdleRecord]:

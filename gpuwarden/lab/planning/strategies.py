@@ -25,10 +25,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
+from gpuwarden.lab.cluster.dradriver import CORES_CAPACITY, DEVICE_CLASS, MEMORY_CAPACITY
 from gpuwarden.lab.cluster.nodes import GpuNodePool
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import PolicySet, load_texts
@@ -45,6 +46,29 @@ LAB_BACKEND: Mapping[str, str] = {
     "schedulerName": BINPACK_SCHEDULER,
 }
 _UNSCHEDULABLE_BACKENDS = ("volcano", "hami")
+
+#: What stands in for Volcano's and HAMi's schedulers: MPS pools on NVIDIA's device plugin
+#: (:data:`LAB_BACKEND`), or kube-scheduler's DRA allocator on the lab's DRA driver
+#: (:data:`DRA_LAB_BACKEND`), where any GPU may be shared or whole.
+StandIn = Literal["mps", "dra"]
+STAND_INS: tuple[StandIn, ...] = ("mps", "dra")
+
+#: The backend Volcano and HAMi policies run on with ``--stand-in dra``: shared profiles claim a
+#: device of the lab's driver by memory and cores, whole ones ask nvidia.com/gpu, which the
+#: DeviceClass maps onto the same devices.
+DRA_LAB_BACKEND: Mapping[str, str] = {
+    "type": "dra",
+    "deviceClassName": DEVICE_CLASS,
+    "memoryCapacity": MEMORY_CAPACITY,
+    "coresCapacity": CORES_CAPACITY,
+    "schedulerName": BINPACK_SCHEDULER,
+}
+#: What the DRA stand-in replays of Volcano and HAMi, and what it does not (one note, whole).
+DRA_APPROXIMATION = (
+    "replayed: kube-scheduler's DRA allocator for Volcano's deviceshare / HAMi's scheduler "
+    "(per-device memory and core sums as theirs); not their node/device scoring, queues or "
+    "gangs; no GPU preemption"
+)
 
 #: Sharing without governance: notebooks and predictors share GPUs, nothing else changes
 #: (no priorities, no limits; whole-GPU work keeps the count it asked for).
@@ -81,6 +105,8 @@ class Layout:
     mps_replicas: int = 4
     gpu_memory_mib: int = 81559  # an H100 80GB as GFD reports it
     node_pools: tuple[GpuNodePool, ...] = ()
+    # Every node a DRA node of the lab's driver: no MPS nodes, any GPU shared or whole.
+    dra: bool = False
 
     @property
     def physical_gpus(self) -> int:
@@ -108,6 +134,13 @@ class Layout:
         return sum(p.count for p in self.node_pools) if self.node_pools else self.nodes
 
     def pools(self, shares: bool) -> list[GpuNodePool]:
+        if self.dra:
+            given = self.node_pools or (
+                GpuNodePool(
+                    "gpu", self.nodes, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib
+                ),
+            )
+            return [replace(pool, dra=True) for pool in given if pool.count]
         if self.node_pools:
             return self._split(shares)
         mps = min(self.mps_nodes or 0, self.nodes) if shares else 0
@@ -182,7 +215,9 @@ class Strategy:
         return self.queues is not None
 
 
-def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
+def _on_lab_backend(backend: Any, where: str, notes: list[str], stand_in: StandIn) -> Any:
+    if stand_in == "dra":
+        return _on_dra(backend, where, notes)
     if isinstance(backend, Mapping) and backend.get("type") in _UNSCHEDULABLE_BACKENDS:
         notes.append(
             f"{where}: backend {backend['type']} simulated as nvidia (MPS replicas as "
@@ -190,6 +225,24 @@ def _on_lab_backend(backend: Any, where: str, notes: list[str]) -> Any:
             f"the {backend['type']} scheduler itself is not run"
         )
         return dict(LAB_BACKEND)
+    return backend
+
+
+def _on_dra(backend: Any, where: str, notes: list[str]) -> Any:
+    kind = backend.get("type") if isinstance(backend, Mapping) else backend
+    if kind in _UNSCHEDULABLE_BACKENDS:
+        notes.append(
+            f"{where}: backend {kind} replayed as dra (any GPU shared or whole) on the lab's DRA "
+            f"driver and kube-scheduler's packing profile {BINPACK_SCHEDULER}"
+        )
+        if DRA_APPROXIMATION not in notes:
+            notes.append(DRA_APPROXIMATION)
+        return dict(DRA_LAB_BACKEND)
+    if kind == "nvidia":
+        notes.append(
+            f"{where}: backend nvidia on DRA nodes: its whole GPUs are served through "
+            f"{DEVICE_CLASS}'s nvidia.com/gpu; no node advertises MPS replicas"
+        )
     return backend
 
 
@@ -208,11 +261,15 @@ def _rewrite_backends(docs: Iterable[Any], source: str, change: Callable[[Any, s
                 profile["backend"] = change(profile["backend"], f"profile {profile.get('name')}")
 
 
-def lab_documents(docs: Iterable[Any], source: str) -> tuple[list[Any], list[str]]:
+def lab_documents(
+    docs: Iterable[Any], source: str, stand_in: StandIn = "mps"
+) -> tuple[list[Any], list[str]]:
     """The policy documents with Volcano/HAMi backends replaced by the lab's (and notes)."""
     out = list(docs)
     notes: list[str] = []
-    _rewrite_backends(out, source, lambda backend, where: _on_lab_backend(backend, where, notes))
+    _rewrite_backends(
+        out, source, lambda backend, where: _on_lab_backend(backend, where, notes, stand_in)
+    )
     return out, notes
 
 
@@ -238,28 +295,45 @@ def with_nvidia_fields(text: str, source: str, fields: Mapping[str, Any]) -> str
     return yaml.safe_dump_all(docs, sort_keys=False)
 
 
-def strategy_from_texts(name: str, texts: Sequence[tuple[str, str]]) -> Strategy:
+def strategy_from_texts(
+    name: str, texts: Sequence[tuple[str, str]], stand_in: StandIn = "mps"
+) -> Strategy:
     """A strategy from (source, YAML) pairs; PolicyError (from the loader) when they are bad."""
     converted: list[tuple[str, str]] = []
     notes: list[str] = []
     for source, text in texts:
-        docs, found = lab_documents(list(yaml.safe_load_all(text)), source)
+        docs, found = lab_documents(list(yaml.safe_load_all(text)), source, stand_in)
         notes += found
         converted.append((source, yaml.safe_dump_all(docs, sort_keys=False)))
     return Strategy(name, load_texts(converted), tuple(notes), tuple(converted))
 
 
-def strategy_from_paths(name: str, paths: Sequence[Path]) -> Strategy:
+def strategy_from_paths(name: str, paths: Sequence[Path], stand_in: StandIn = "mps") -> Strategy:
     files = policy_files(paths)
-    return strategy_from_texts(name, [(str(f), f.read_text()) for f in files])
+    return strategy_from_texts(name, [(str(f), f.read_text()) for f in files], stand_in)
 
 
-def builtin_strategies(default_policies: Path) -> list[Strategy]:
+def sharing_only_policy(stand_in: StandIn = "mps") -> str:
+    """:data:`SHARING_ONLY_POLICY` on the stand-in's nodes: with DRA, its shared profiles claim
+    the lab driver's devices (scheduled by the default profile, as on MPS)."""
+    if stand_in == "mps":
+        return SHARING_ONLY_POLICY
+    doc = yaml.safe_load(SHARING_ONLY_POLICY)
+    doc["spec"]["backend"] = {k: v for k, v in DRA_LAB_BACKEND.items() if k != "schedulerName"}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+def builtin_strategies(default_policies: Path, stand_in: StandIn = "mps") -> list[Strategy]:
     """No governance, sharing only, and the shipped default policy (``default_policies``)."""
+    free = "pods as their controllers made them: whole GPUs"
+    if stand_in == "dra":
+        free += f" (nvidia.com/gpu, served by {DEVICE_CLASS}'s devices)"
     return [
-        Strategy("no-governance", None, ("pods as their controllers made them: whole GPUs",)),
-        strategy_from_texts("sharing-only", [("sharing-only", SHARING_ONLY_POLICY)]),
-        strategy_from_paths("default-policy", [default_policies]),
+        Strategy("no-governance", None, (free,)),
+        strategy_from_texts(
+            "sharing-only", [("sharing-only", sharing_only_policy(stand_in))], stand_in
+        ),
+        strategy_from_paths("default-policy", [default_policies], stand_in),
     ]
 
 

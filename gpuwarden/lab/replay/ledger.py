@@ -298,7 +298,13 @@ class Ledger:
         if record is not None:
             record.first_try = False
 
-    def bound(self, name: str, at: float, node: str) -> None:
+    def bound(
+        self,
+        name: str,
+        at: float,
+        node: str,
+        devices: Sequence[tuple[int, float]] | None = None,
+    ) -> None:
         record = self.records.get(name)
         if record is None or record.bound is not None or record.ended is not None:
             return
@@ -318,6 +324,7 @@ class Ledger:
             progress=state.kept if row.batch else 0.0,
             target=row.duration if row.batch else None,
             checkpoint=row.checkpoint if row.batch else None,
+            devices=devices,
         )
         self._idle_tail(state, record)
 

@@ -35,8 +35,17 @@ from kubernetes import client as k8s_client
 from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.kube.informer import Informer, Obj
+from gpuwarden.lab.cluster.controllermanager import running_controller_manager
 from gpuwarden.lab.cluster.controlplane import ControlPlane, Process, Tools, json_log_records
 from gpuwarden.lab.cluster.deviceplugin import ENDPOINT_STOP_GRACE, DevicePluginEmulation
+from gpuwarden.lab.cluster.dradriver import (
+    DRA_CONTROLLERS,
+    apply_claim_templates,
+    claimed_gpus,
+    pod_claim_names,
+    publish,
+    reservation,
+)
 from gpuwarden.lab.cluster.kueue import (
     Kueue,
     collect_workloads,
@@ -111,6 +120,7 @@ class PodState:
     node: str | None
     unschedulable: bool  # the scheduler found no node for it (not merely gated)
     evicted_by: str | None  # Kueue's preemption reason on it
+    claims: tuple[str, ...] = ()  # the ResourceClaims its devices come from (DRA)
 
 
 def pod_state(pod: Obj) -> PodState:
@@ -128,6 +138,7 @@ def pod_state(pod: Obj) -> PodState:
             for c in conditions
         ),
         evicted_by=preemption_reason(conditions),
+        claims=pod_claim_names(pod),
     )
 
 
@@ -211,6 +222,8 @@ class Replay:
         self.ledger = Ledger(rows, self.model, horizon, idle_rules=idle_stop_rules(plan, rows))
         self.outcomes: list[RowOutcome] = []
         self._admitted = AdmittedMemory()
+        # DRA: the pods whose claims' devices were read (once, at their binding).
+        self._placed: set[str] = set()
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._t0 = 0.0
@@ -238,6 +251,11 @@ class Replay:
                     kueue = None
                     if self.strategy.kueue:
                         kueue = queues.enter_context(running_kueue(plane, self.tools))
+                    if self.layout.dra:
+                        # Claims from templates, and released when their pods end.
+                        queues.enter_context(
+                            running_controller_manager(plane, self.tools, DRA_CONTROLLERS)
+                        )
                     api = plane.api_client()
                     try:
                         follow = self.plan.follow
@@ -262,6 +280,10 @@ class Replay:
             ensure_namespaces(api, [namespace], labels)
         if kueue is not None:
             kueue.apply_queues(api, queue_objects(self.strategy))
+        if self.layout.dra:
+            publish(api, self.pools)
+            for namespace, templates in self.plan.claim_templates.items():
+                apply_claim_templates(api, namespace, templates)
         lab.add_pools(api, self.pools)
 
     @contextlib.contextmanager
@@ -401,6 +423,8 @@ class Replay:
         record.gpus, record.memory_allocated = pod_allocation(
             pod, self.layout.mps_replicas, gpu_memory
         )
+        if self.layout.dra:
+            self._claim_allocation(record, pod, gpu_memory)
         # The trace's use is per GPU: n whole GPUs use n times it; a slice at most its share.
         used = float(row.memory_used) * math.ceil(record.gpus)
         record.memory_used = min(used, record.memory_allocated)
@@ -416,6 +440,37 @@ class Replay:
                 self.ledger.refuse(action.name, f"API server: {exc.status} {exc.reason}")
                 if record.refused is not None:
                     self._admitted.end(record.name)
+
+    def _claim_allocation(
+        self, record: PodRecord, pod: Mapping[str, Any], gpu_memory: float
+    ) -> None:
+        """A pod on DRA nodes holds, besides its whole GPUs, the share of a GPU each of its
+        claim templates reserves; a share reserved by cores caps its SMs at them, as
+        Volcano's vgpu-cores and HAMi's gpucores do."""
+        templates = {
+            str(t["metadata"]["name"]): t
+            for t in self.plan.claim_templates.get(record.namespace, ())
+        }
+        for claim in (pod.get("spec") or {}).get("resourceClaims") or []:
+            template = templates.get(str(claim.get("resourceClaimTemplateName")))
+            if template is None:
+                continue
+            reserved = reservation(template, gpu_memory)
+            record.gpus += reserved.share
+            record.memory_allocated += reserved.memory
+            if reserved.sm_share is not None:
+                record.sm_share = reserved.sm_share
+
+    def _claimed(self, api: k8s_client.ApiClient, pod: PodState) -> list[tuple[int, float]] | None:
+        """DRA: (GPU index, share) of the devices the pod's claims were allocated, read once
+        when it is first seen bound (None: not a DRA lab, not bound, or read already)."""
+        if not self.layout.dra or pod.node is None or pod.name in self._placed:
+            return None
+        shape = self.shapes.get(pod.node)
+        gpu_memory = float((shape.gpu_memory_mib if shape else 0) * 2**20)
+        devices = claimed_gpus(api, pod.namespace, pod.claims, pod.node, gpu_memory)
+        self._placed.add(pod.name)
+        return devices
 
     # -- what the cluster did -----------------------------------------------------------------
 
@@ -448,6 +503,10 @@ class Replay:
 
     def _observe(self, api: k8s_client.ApiClient, pod: PodState, deleted: bool) -> None:
         reject = False
+        try:
+            devices = None if deleted else self._claimed(api, pod)
+        except ApiException:
+            return  # its claims are read again at its next change (KWOK runs it at once)
         with self._lock:
             now = min(self.now(), self.horizon)
             if pod.name not in self.ledger.records:
@@ -458,7 +517,7 @@ class Replay:
                 reject = pod.name not in self.rejected
                 self.rejected.add(pod.name)
             elif pod.node:
-                self.ledger.bound(pod.name, now, pod.node)
+                self.ledger.bound(pod.name, now, pod.node, devices)
             if self.strategy.kueue:
                 self.ledger.evicted(pod.name, pod.evicted_by)
             if deleted:

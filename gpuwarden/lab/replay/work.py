@@ -12,6 +12,9 @@ figures out; the replay calls it at every bind, completion and preemption).
 * Which GPU of a node a slice lands on is the device plugin's choice, not the scheduler's: NVIDIA's
   device plugin hands out replicas spread over the node's GPUs, fewest replicas in use first
   (its distributed allocation); whole GPUs are the lowest free ones.
+* On DRA nodes (``simulate --stand-in dra``) the scheduler's allocator chose the devices: a pod
+  runs on the GPUs its claims were allocated, holding the share of each it reserved (its cores
+  out of 100, or its GPU memory where it names no cores; a whole GPU: all of it).
 * A GPU's **busy** at a moment is ``min(1, B)``: what DCGM_FI_DEV_GPU_UTIL would report. Each
   pod on it is credited ``min(1, B) * busy / B`` of it, so that the busy time a preempted pod
   spent on work it then lost can be told apart from useful busy time.
@@ -152,16 +155,23 @@ class WorkModel:
         progress: float = 0.0,
         target: float | None = None,
         checkpoint: float | None = None,
+        devices: Sequence[tuple[int, float]] | None = None,
     ) -> None:
         """Pod ``key`` starts at ``at`` on ``node`` with ``whole`` GPUs and ``slices`` MPS slices,
         from ``progress``; it completes at ``target`` (None: a service, runs until stopped).
-        ``sm_share`` caps the SMs it may use (MPS active thread percentage / 100).
+        ``sm_share`` caps the SMs it may use (MPS active thread percentage / 100). ``devices``
+        (GPU index, share held), where the scheduler chose them (DRA), replace whole and slices.
         A time before the model's clock is taken as the clock (events are never undone)."""
         self.advance(at)
         at = self._now
         if key in self._running:
             return
-        gpus, shares, held = self._take(node, whole, slices)
+        if devices is None:
+            gpus, shares, held = self._take(node, whole, slices)
+        else:
+            gpus = tuple((node, index) for index, _ in devices)
+            shares = tuple(share for _, share in devices)
+            held = tuple(0 for _ in devices)  # no device plugin slots: the allocator counts
         used = busy if sm_share is None else min(busy, sm_share)
         pod = _Running(
             asked=asked,
