@@ -168,13 +168,13 @@ LITERALS: Mapping[str, Literal | None] = {
         "alice-jupyter",
         {
             "volcano.sh/vgpu-number": "1",
-            "volcano.sh/vgpu-memory": "16384",
-            "volcano.sh/vgpu-cores": "50",
+            "volcano.sh/vgpu-memory": "15360",
+            "volcano.sh/vgpu-cores": "20",
         },
         "gpuwarden-light-training",
         100,
         "PreemptLowerPriority",
-        {"gpuwarden.io/gpu-memory-limit": "16Gi", "gpuwarden.io/gpu-shared": "true"},
+        {"gpuwarden.io/gpu-memory-limit": "15Gi", "gpuwarden.io/gpu-shared": "true"},
         kept_env=("NB_PREFIX",),
     ),
     "kserve-predictor": Literal(
@@ -183,7 +183,7 @@ LITERALS: Mapping[str, Literal | None] = {
         {
             "volcano.sh/vgpu-number": "1",
             "volcano.sh/vgpu-memory": "20480",
-            "volcano.sh/vgpu-cores": "50",
+            "volcano.sh/vgpu-cores": "33",
         },
         "gpuwarden-inference",
         300,

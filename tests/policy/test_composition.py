@@ -64,7 +64,7 @@ def test_the_team_tenant_and_its_override_win_for_its_namespace(order: tuple[Pat
     assert placement.tenant is not None and placement.tenant.name == "vision"
     assert placement.tenant_reason == "namespace vision is tenant vision (by name)"
 
-    # The team's override: a 24Gi cap where the default gives notebook 16Gi.
+    # The team's override: a 24Gi cap where the default gives notebook 15Gi.
     pod = mutated(notebook, policies, CLUSTER)
     annotations = pod["metadata"]["annotations"]
     assert annotations["gpuwarden.io/tenant"] == "vision"
@@ -74,7 +74,7 @@ def test_the_team_tenant_and_its_override_win_for_its_namespace(order: tuple[Pat
     kubeflow = {"carol": {"app.kubernetes.io/part-of": "kubeflow-profile"}}
     carol = mutated(example("notebook"), policies, ClusterView(kubeflow), namespace="carol")
     assert carol["metadata"]["annotations"]["gpuwarden.io/tenant"] == "kubeflow-profiles"
-    assert carol["metadata"]["annotations"]["gpuwarden.io/gpu-memory-limit"] == "16Gi"
+    assert carol["metadata"]["annotations"]["gpuwarden.io/gpu-memory-limit"] == "15Gi"
 
 
 def test_the_team_rule_that_names_experiments_beats_the_defaults_broad_ones() -> None:

@@ -51,8 +51,8 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
             "alice-jupyter",
             {
                 "volcano.sh/vgpu-number": "1",
-                "volcano.sh/vgpu-memory": "16384",
-                "volcano.sh/vgpu-cores": "50",
+                "volcano.sh/vgpu-memory": "15360",
+                "volcano.sh/vgpu-cores": "20",
             },
             ("gpuwarden-light-training", 100),
             "PreemptLowerPriority",
@@ -64,7 +64,7 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
             {
                 "volcano.sh/vgpu-number": "1",
                 "volcano.sh/vgpu-memory": "20480",
-                "volcano.sh/vgpu-cores": "50",
+                "volcano.sh/vgpu-cores": "33",
             },
             ("gpuwarden-inference", 300),
             "PreemptLowerPriority",

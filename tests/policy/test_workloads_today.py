@@ -211,7 +211,7 @@ def test_workspace_shares_a_gpu_like_a_notebook(
     assert (decision.profile, decision.rule) == ("notebook", "rule/notebooks")
     limits = container(apply_ops(example("workspace"), decision), "main")["resources"]["limits"]
     assert (limits.get("nvidia.com/gpu"), limits["volcano.sh/vgpu-number"]) == (None, "1")
-    assert limits["volcano.sh/vgpu-cores"] == "50"
+    assert limits["volcano.sh/vgpu-cores"] == "20"
 
 
 def test_a_cpu_only_workspace_keeps_no_gpu(
