@@ -16,8 +16,8 @@ from .conftest import simulate_json
 
 # One node of 2 GPUs, for 4 hours: two notebooks and a one-GPU training job arrive at once. With
 # no governance each takes a whole GPU, so the job (created last) waits all 4 hours. The default
-# policy (backend volcano, replayed as dra) gives each notebook half a GPU by cores: both share
-# one device and the job runs on the other for its 2 hours.
+# policy (backend volcano, replayed as dra) gives each notebook a fifth of a GPU by cores (its
+# threadPercentage, 20): both share one device and the job runs on the other for its 2 hours.
 TRACE = """\
 rows:
   - {at: 0, namespace: algo-team, kind: notebook, name: nb, gpus: 1, duration: 4h, memory: 8Gi}
@@ -65,9 +65,9 @@ def test_dra_shares_notebooks_by_cores_and_leaves_a_whole_gpu_for_the_job(
     assert free["neverPlaced"] == 1
     assert free["averageAllocation"] == pytest.approx(1.0, abs=0.05)
     assert free["deliveredGpuHours"] == pytest.approx(8, abs=0.2)
-    # The default policy: both notebooks on one device (half each), the job on the other.
+    # The default policy: both notebooks on one device (a fifth each), the job on the other.
     assert governed["neverPlaced"] == 0
     assert governed["deliveredGpuHours"] == pytest.approx(10, abs=0.3)
-    assert governed["averageAllocation"] == pytest.approx((4 + 2) / 8, abs=0.05)
+    assert governed["averageAllocation"] == pytest.approx((2 * 0.2 * 4 + 2) / 8, abs=0.05)
     assert governed["preemptions"] == 0
     assert DRA_APPROXIMATION in governed["notes"]
