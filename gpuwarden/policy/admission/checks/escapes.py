@@ -466,29 +466,36 @@ def _claim_entry_problem(entry: Mapping[str, Any], own: str | None, who: str) ->
     )
 
 
+def _uses_gpuwarden_claim(ref: ContainerRef) -> bool:
+    """Whether a container's resources.claims names gpuwarden's claim."""
+    resources = ref.body.get("resources")
+    claims = resources.get("claims") if isinstance(resources, dict) else None
+    return isinstance(claims, list) and any(
+        isinstance(c, dict) and c.get("name") == DRA_CLAIM_NAME for c in claims
+    )
+
+
 def _gpuwarden_claims(context: CheckContext) -> Iterator[Violation]:
     """A claim that passes for gpuwarden's: the name gpuwarden-gpu or a gpuwarden-* template on
     a pod gpuwarden gives no such claim, or another profile's template. Those templates hold a
     profile's share of a device, so a pod naming one would get another profile's GPU share."""
     placement, view = context.placement, context.view
+    entries = view.spec.get("resourceClaims")
+    entries = entries if isinstance(entries, list) else []
+    holders = [ref for ref in view.all_containers if _uses_gpuwarden_claim(ref)]
+    if not entries and not holders:
+        return  # the common pod: nothing that could pass for gpuwarden's claim
     own = own_claim(placement)
     profile = placement.profile
     who = f"profile {profile.name} ({placement.origin})" if profile else "a pod of no profile"
-    entries = view.spec.get("resourceClaims")
-    for entry in entries if isinstance(entries, list) else []:
+    for entry in entries:
         if isinstance(entry, dict):
             problem = _claim_entry_problem(entry, own, who)
             if problem is not None:
                 yield Violation("annotations", "ForgedClaim", problem)
     targets = set(placement.containers) if own is not None else set()
-    for ref in view.all_containers:
-        if ref.field == "containers" and ref.name in targets:
-            continue
-        resources = ref.body.get("resources")
-        claims = resources.get("claims") if isinstance(resources, dict) else None
-        if isinstance(claims, list) and any(
-            isinstance(c, dict) and c.get("name") == DRA_CLAIM_NAME for c in claims
-        ):
+    for ref in holders:
+        if not (ref.field == "containers" and ref.name in targets):
             yield Violation(
                 "annotations",
                 "ForgedClaim",
