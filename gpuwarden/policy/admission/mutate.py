@@ -27,7 +27,7 @@ from gpuwarden.policy.pod.resources import (
     containers,
     is_gpu_resource,
 )
-from gpuwarden.policy.pod.view import PodView
+from gpuwarden.policy.pod.view import PodView, names_gpuwarden_claim
 from gpuwarden.policy.spec.backends import (
     DEFAULT_SCHEDULER,
     DRA_CLAIM_NAME,
@@ -149,10 +149,7 @@ def _set_claim(
     if template is None:
         return []
     path = [*ref.path, "resources", "claims"]
-    current = patch.get(path)
-    if not isinstance(current, list) or not any(
-        isinstance(claim, dict) and claim.get("name") == DRA_CLAIM_NAME for claim in current
-    ):
+    if not names_gpuwarden_claim(patch.get(path)):
         patch.append(path, {"name": DRA_CLAIM_NAME})
     if not asked:
         return []
@@ -164,12 +161,8 @@ def _set_pod_claim(patch: PatchBuilder, template: str) -> None:
     """The pod-level claim the GPU container uses; an entry of that name the pod already has is
     left as it is (the escapes check denies it unless it is this one)."""
     path: list[str | int] = ["spec", "resourceClaims"]
-    current = patch.get(path)
-    if isinstance(current, list) and any(
-        isinstance(entry, dict) and entry.get("name") == DRA_CLAIM_NAME for entry in current
-    ):
-        return
-    patch.append(path, _pod_claim(template))
+    if not names_gpuwarden_claim(patch.get(path)):
+        patch.append(path, _pod_claim(template))
 
 
 # The MPS client variables gpuwarden writes; on a governed container they are gpuwarden's own.

@@ -53,11 +53,11 @@ def _count(value: Any) -> int | QuantityError:
 _NO_GPUS: Final = ContainerGPUs(False, None, 0)
 
 
-def _holds_gpuwarden_claim(resources: Mapping[str, Any]) -> bool:
-    """Whether the container uses the pod's claim gpuwarden-gpu (the dra backend's shared GPU)."""
-    claims = resources.get("claims")
-    return isinstance(claims, list) and any(
-        isinstance(claim, dict) and claim.get("name") == keys.DRA_CLAIM_NAME for claim in claims
+def names_gpuwarden_claim(entries: Any) -> bool:
+    """Whether a list of claim entries (a container's resources.claims, or the pod's
+    spec.resourceClaims) has one named gpuwarden-gpu, the dra backend's shared GPU."""
+    return isinstance(entries, list) and any(
+        isinstance(entry, dict) and entry.get("name") == keys.DRA_CLAIM_NAME for entry in entries
     )
 
 
@@ -65,7 +65,7 @@ def _gpus_of(ref: ContainerRef) -> ContainerGPUs:
     resources = ref.body.get("resources")
     if not resources or not isinstance(resources, dict):
         return _NO_GPUS
-    if _holds_gpuwarden_claim(resources):
+    if names_gpuwarden_claim(resources.get("claims")):
         # One GPU, shared through the claim, as a count resource of 1 would read: a pod the dra
         # backend mutated is placed again on validation and reinvocation as the one it was.
         found = _gpus_of(ref._replace(body={**ref.body, "resources": _without_claims(resources)}))

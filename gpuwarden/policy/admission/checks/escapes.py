@@ -34,6 +34,7 @@ from gpuwarden.policy.pod.environment import (
 from gpuwarden.policy.pod.resources import (
     ContainerRef,
 )
+from gpuwarden.policy.pod.view import names_gpuwarden_claim
 from gpuwarden.policy.spec.backends import DRA_CLAIM_NAME, DRA_TEMPLATE_PREFIX
 from gpuwarden.policy.spec.model import HamiBackend
 from gpuwarden.policy.spec.policyset import PolicySet
@@ -469,10 +470,7 @@ def _claim_entry_problem(entry: Mapping[str, Any], own: str | None, who: str) ->
 def _uses_gpuwarden_claim(ref: ContainerRef) -> bool:
     """Whether a container's resources.claims names gpuwarden's claim."""
     resources = ref.body.get("resources")
-    claims = resources.get("claims") if isinstance(resources, dict) else None
-    return isinstance(claims, list) and any(
-        isinstance(c, dict) and c.get("name") == DRA_CLAIM_NAME for c in claims
-    )
+    return isinstance(resources, dict) and names_gpuwarden_claim(resources.get("claims"))
 
 
 def _gpuwarden_claims(context: CheckContext) -> Iterator[Violation]:
