@@ -52,7 +52,7 @@ def test_the_api_server_accepts_every_chart_object(plane: ControlPlane) -> None:
         crds = rendering.all("CustomResourceDefinition")
         result = _apply(plane, crds)
         assert result.returncode == 0, result.stderr
-        plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+        plane.wait_established(CRD_NAME)
         served = [o for o in rendering.objects if o["kind"] not in FOREIGN and o not in crds]
         result = _apply(plane, served, "--dry-run=server")
         assert result.returncode == 0, f"{values}: {result.stderr}"
@@ -70,7 +70,7 @@ def _policy(name: str, spec: dict[str, Any]) -> dict[str, Any]:
 def test_gpupolicy_crd_schema_and_cel_rules_hold_in_the_api_server(plane: ControlPlane) -> None:
     result = _apply(plane, [yaml.safe_load((CHART / "crds" / f"{CRD_NAME}.yaml").read_text())])
     assert result.returncode == 0, result.stderr
-    plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+    plane.wait_established(CRD_NAME)
     policy = yaml.safe_load(
         (Path(__file__).resolve().parents[2] / "policies" / "default.yaml").read_text()
     )
@@ -100,7 +100,7 @@ def test_gpupolicy_crd_schema_and_cel_rules_hold_in_the_api_server(plane: Contro
 def test_the_api_server_asks_a_dra_backend_for_its_device_class(plane: ControlPlane) -> None:
     result = _apply(plane, [yaml.safe_load((CHART / "crds" / f"{CRD_NAME}.yaml").read_text())])
     assert result.returncode == 0, result.stderr
-    plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+    plane.wait_established(CRD_NAME)
     result = _apply(plane, [_policy("dra-bare", {"backend": {"type": "dra"}})])
     assert result.returncode != 0
     assert "type dra needs deviceClassName" in result.stderr

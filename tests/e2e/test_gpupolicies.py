@@ -104,7 +104,7 @@ def gpupolicy_stack(
 ) -> Iterator[WebhookStack]:
     workdir = tmp_path_factory.mktemp("gpupolicies")
     control_plane.kubectl("apply", "-f", str(CHART_DIR / "crds" / f"{CRD_NAME}.yaml"))
-    control_plane.kubectl("wait", "--for=condition=Established", f"crd/{CRD_NAME}", "--timeout=30s")
+    control_plane.wait_established(CRD_NAME)
     files = workdir / "files"
     files.mkdir()
     (files / "e2e-gpol-files.yaml").write_text(FILES_POLICY)

@@ -376,6 +376,20 @@ class ControlPlane:
             )
         return result
 
+    def wait_established(self, crd_name: str, *, timeout: float = 180.0) -> None:
+        """Wait until the CRD serves its kind.
+
+        The deadline is sized for a machine whose cores are shared with other control planes: an
+        idle one establishes a CRD in under a second, a loaded one has taken over 30 s.
+        """
+        self.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"crd/{crd_name}",
+            f"--timeout={int(timeout)}s",
+            timeout=timeout + 30.0,
+        )
+
     def __enter__(self) -> Self:
         self.start()
         return self
