@@ -6,9 +6,10 @@ Pure functions over one tick's observations; the agent feeds them and the metric
 each GPU its profile gives it. The share is 1 for a whole GPU; for an MPS slice (the nvidia
 backend's shared profiles) 1/replicas where the agent is told the device plugin's replicas
 (``--mps-replicas``), else the recorded thread percentage, else the memory cap over the GPU's
-memory; for a Volcano or HAMi vGPU the larger of its core share (``vgpu-cores`` / ``gpucores``,
-recorded as the thread percentage) and its memory share (the cap over the GPU's memory), as that
-is the part of the GPU no other pod can be given. ``basis`` names which rule gave the figure.
+memory; for a Volcano or HAMi vGPU, or a share claimed through the ``dra`` backend, the larger
+of its core share (``vgpu-cores`` / ``gpucores`` / the claim's cores, recorded as the thread
+percentage) and its memory share (the cap over the GPU's memory), as that is the part of the GPU
+no other pod can be given. ``basis`` names which rule gave the figure.
 
 **Busy.** NVML's per-process samples (``nvmlDeviceGetProcessUtilization``) give each process's
 SM and memory-bandwidth utilization; a process absent from them did not use the GPU in the period
@@ -36,7 +37,8 @@ from gpuwarden.node.pods import PodInfo, PodRef
 Basis = Literal[
     "whole", "mps-replicas", "mps-threads", "vgpu-cores", "vgpu-memory", "memory-cap", "unknown"
 ]
-_VGPU_BACKENDS = frozenset({"volcano", "hami"})
+# Backends whose scheduler reserves a shared pod's cores and memory on its GPU.
+_VGPU_BACKENDS = frozenset({"volcano", "hami", "dra"})
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,23 @@ def test_vgpu_shares_come_from_cores_or_memory(nvml: FakeNvml, proc: FakeProc) -
     assert b is not None and (b["value"], b["basis"]) == ("0.5", "vgpu-memory")
 
 
+def test_a_dra_claim_counts_the_larger_of_its_cores_and_memory(
+    nvml: FakeNvml, proc: FakeProc
+) -> None:
+    agent = agent_for(nvml, None, proc)
+    # The claim reserves 20 of the device's 100 cores and 15Gi of its 40 GiB: memory is more.
+    claimed = make_pod(
+        "dra-notebook",
+        uid=UID_A,
+        cap="15Gi",
+        threads=20,
+        extra_annotations={"gpuwarden.io/backend": "dra", "gpuwarden.io/gpu-shared": "true"},
+    )
+    agent.tick([claimed])
+    a = series(agent, "gpuwarden_node_container_gpus_allocated", "dra-notebook")
+    assert a is not None and (a["value"], a["basis"]) == ("0.375", "vgpu-memory")
+
+
 def test_finished_pods_hold_nothing(nvml: FakeNvml, proc: FakeProc) -> None:
     agent = agent_for(nvml, None, proc)
     agent.tick([whole("done", UID_A, CID_A, phase="Succeeded")])
