@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, load_texts
 from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.admission.twins import field_name
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.pod.jobs import trainingoperator
 from gpuwarden.policy.render.scope import (
@@ -874,3 +875,23 @@ def test_a_trainjobs_mutated_resources_lead_to_the_same_node_pod(
     assert after.allowed
     assert not any("/resources" in op["path"] for op in after.mutation.patch)
     assert after.pod == as_written.pod
+
+
+@pytest.mark.parametrize(
+    ("pointer", "name"),
+    [
+        ("/spec/containers/0", "spec.containers[0]"),
+        ("/spec/predictor/model", "spec.predictor.model"),
+        (
+            "/spec/template/metadata/labels/app.kubernetes.io~1name",
+            "spec.template.metadata.labels[app.kubernetes.io/name]",
+        ),
+        (
+            "/spec/containers/1/resources/limits/nvidia.com~1gpu",
+            "spec.containers[1].resources.limits[nvidia.com/gpu]",
+        ),
+        ("/metadata/annotations/a~0b", "metadata.annotations.a~b"),
+    ],
+)
+def test_messages_name_a_field_as_kubernetes_field_paths_do(pointer: str, name: str) -> None:
+    assert field_name(pointer) == name

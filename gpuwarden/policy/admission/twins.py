@@ -130,8 +130,16 @@ def split_twins(replicas: Sequence[Writes]) -> tuple[str, str, str] | None:
 
 
 def field_name(pointer: str) -> str:
-    """A JSON pointer as messages name fields: ``/spec/containers/0`` is spec.containers[0]."""
-    return re.sub(r"/(\d+)(?=/|$)", r"[\1]", pointer).replace("/", ".").lstrip(".")
+    """A JSON pointer as messages name fields, as Kubernetes' field paths do:
+    ``/spec/containers/0`` is spec.containers[0], and a key holding a dot or a slash is
+    bracketed, ``/metadata/labels/app.kubernetes.io~1name`` metadata.labels[app.kubernetes.io/name]."""
+    name = ""
+    for token in tokens(pointer):
+        if token.isdigit() or "." in token or "/" in token:
+            name += f"[{token}]"
+        else:
+            name += f".{token}" if name else token
+    return name
 
 
 def job_field(twins: Sequence[tuple[str, str]], pod_field: str) -> str | None:
