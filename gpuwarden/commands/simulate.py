@@ -38,6 +38,7 @@ from gpuwarden.lab.planning.follow import FollowPools
 from gpuwarden.lab.planning.plan import (
     StrategyPlan,
     plan_strategy,
+    services_note,
     settle_split,
     split_candidates,
     split_plan,
@@ -538,8 +539,13 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
         shared = shared_slice_hours(rows, sized.decisions, horizon) if base.shares else {}
         return kueue_variant(base, namespaces, demand, sized.layout, shared)
 
-    strategies = [planned(s) for s in _strategies(args, queued)]
+    strategies = [_with_services_note(planned(s), rows, horizon) for s in _strategies(args, queued)]
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
+
+
+def _with_services_note(plan: StrategyPlan, rows: list[TraceRow], horizon: float) -> StrategyPlan:
+    note = services_note(plan, rows, horizon)
+    return plan if note is None else replace(plan, notes=(*plan.notes, note))
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,10 @@ def test_default_policy_shares_light_work_and_keeps_a_node_whole(
 ) -> None:
     free, default = _beside_no_governance(tmp_path, LIGHT_WORK_TRACE, gpus_per_node=2)
     assert any("MPS nodes sized to its shared demand: 1" in note for note in default["notes"])
+    # The one service, the predictor: a quarter slice under the policy, a whole GPU without it.
+    services = "services (notebooks, predictors) at its shares, each from its arrival: at most "
+    assert services + "0.25 GPUs at once (6% of the 4); its MPS nodes have 2" in default["notes"]
+    assert services + "1 GPU at once (25% of the 4)" in free["notes"]
     assert (default["neverPlaced"], default["preemptions"], default["refused"]) == (0, 0, 0)
     assert default["waitSecondsByKind"]["training-job"]["p95"] < 30 * 60
     assert default["waitSecondsByKind"]["kserve-predictor"]["p95"] < 30 * 60

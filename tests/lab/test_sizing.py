@@ -15,6 +15,7 @@ from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.lab.planning.plan import (
     plan_strategy,
+    services_note,
     settle_split,
     split_candidates,
     split_plan,
@@ -22,6 +23,7 @@ from gpuwarden.lab.planning.plan import (
 from gpuwarden.lab.planning.sizing import (
     WholeDemand,
     probe_counts,
+    services_peak,
     shared_gpu_hours,
     size_mps_nodes,
     sweep_candidates,
@@ -210,3 +212,54 @@ def test_long_node_lists_probe_a_spread_of_counts_and_the_auto_neighbourhood() -
     assert probe_counts([1, 2, 3], 2) == [1, 2, 3]
     probed = probe_counts(list(range(1, 1213)), 600, most=16)
     assert len(probed) <= 19 and {1, 599, 600, 601, 1212} <= set(probed)
+
+
+def _service(row: int, at: float, hours: float, kind: str = "notebook") -> TraceRow:
+    return TraceRow(row, at, "algo-team", kind, "nb", 1, hours * HOUR, Decimal(6 * 2**30), busy=0.1)
+
+
+def test_the_services_peak_counts_only_services_and_the_time_they_ask_more_than_the_gpus() -> None:
+    rows = [
+        _service(0, 0.0, 4),  # 0h-4h
+        _service(1, 1 * HOUR, 2),  # 1h-3h
+        _service(2, 3 * HOUR, 2),  # 3h-5h: starts as row 1 ends, never on top of it
+        replace(_trial(3, 0.0), duration=10 * HOUR),  # batch: not a service
+    ]
+    peak = services_peak(rows, lambda row: 0.5, 1, 4 * HOUR)
+    assert peak.gpus == 1.0 and peak.seconds_over == 0.0
+    # At a whole GPU each, two GPUs at once from 1h to 4h: one GPU is short for 3 hours.
+    peak = services_peak(rows, lambda row: 1.0, 1, 4 * HOUR)
+    assert (peak.gpus, peak.seconds_over) == (2.0, 3 * HOUR)
+    # A refused service holds nothing.
+    assert services_peak(rows, lambda row: None, 1, 4 * HOUR).gpus == 0.0
+
+
+def test_the_plan_notes_what_the_services_ask_at_the_strategys_shares() -> None:
+    strategies = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies")}
+    # 40 notebooks at once: whole GPUs as their controllers made them, a share each under the
+    # default policy (a quarter slice on MPS nodes; 20 of a device's 100 cores on DRA nodes).
+    rows = _notebooks_and_a_node_job()
+    free = plan_strategy(strategies["no-governance"], Layout(), rows, default_namespaces())
+    assert services_note(free, rows, 8 * HOUR) == (
+        "services (notebooks, predictors) at its shares, each from its arrival: at most 40 GPUs "
+        "at once (62% of the 64)"
+    )
+    small = Layout(nodes=4)
+    free = plan_strategy(strategies["no-governance"], small, rows, default_namespaces())
+    assert services_note(free, rows, 8 * HOUR) == (
+        "services (notebooks, predictors) at its shares, each from its arrival: at most 40 GPUs "
+        "at once (125% of the 32), more than the GPUs for 8.0h: some wait whatever the scheduler"
+    )
+    shared = plan_strategy(strategies["default-policy"], Layout(), rows, default_namespaces())
+    assert services_note(shared, rows, 8 * HOUR) == (
+        "services (notebooks, predictors) at its shares, each from its arrival: at most 10 GPUs "
+        "at once (16% of the 64); its MPS nodes have 16"
+    )
+    on_dra = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies", "dra")}
+    dra = plan_strategy(on_dra["default-policy"], Layout(dra=True), rows, default_namespaces())
+    assert services_note(dra, rows, 8 * HOUR) == (
+        "services (notebooks, predictors) at its shares, each from its arrival: at most 8 GPUs "
+        "at once (13% of the 64)"
+    )
+    # A trace of batch work only has no services to speak of.
+    assert services_note(shared, [_trial(0, 0.0)], HOUR) is None

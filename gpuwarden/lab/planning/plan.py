@@ -14,10 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpuwarden.lab.cluster.dradriver import template_share
+from gpuwarden.lab.cluster.nodes import pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
 from gpuwarden.lab.planning.follow import FollowPools
 from gpuwarden.lab.planning.sizing import (
     probe_counts,
+    services_peak,
     shared_demand,
     shared_gpu_hours,
     size_mps_nodes,
@@ -149,6 +152,54 @@ def plan_strategy(
     return StrategyPlan(
         strategy, resolved, tuple(notes), classes, view, decisions, claim_templates=templates
     )
+
+
+def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
+    """The GPUs a row's pod holds as the strategy decided it (None: refused): its whole GPUs,
+    an MPS slice as 1/replicas of one, a DRA claim as the share its template reserves of the
+    largest GPU the lab has (so a peak of these is the least the services need)."""
+    layout = plan.layout
+    memory = 2**20 * max(
+        [pool.gpu_memory_mib for pool in layout.node_pools] or [layout.gpu_memory_mib]
+    )
+
+    def held(row: TraceRow) -> float | None:
+        if not plan.decisions:
+            return float(row.devices)  # the pod as its controller made it
+        decision = plan.decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            return None
+        whole, slices = pod_devices(decision.pod)
+        gpus = whole + slices / layout.mps_replicas
+        templates = {t["metadata"]["name"]: t for t in plan.claim_templates.get(row.namespace, ())}
+        for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []:
+            template = templates.get(claim.get("resourceClaimTemplateName"))
+            if template is not None:
+                gpus += template_share(template, memory)
+        return gpus
+
+    return held
+
+
+def services_note(plan: StrategyPlan, rows: Sequence[TraceRow], horizon: float) -> str | None:
+    """What the services (notebooks, predictors) ask of the GPUs at their peak, at the shares
+    the strategy gives them: where that is more than the GPUs, some of them wait whatever the
+    scheduler does; near it, they wait unless whole-GPU work makes room."""
+    if all(row.batch for row in rows):
+        return None
+    gpus = plan.layout.physical_gpus
+    peak = services_peak(rows, held_gpus(plan), gpus, horizon)
+    most = f"{peak.gpus:,.2f}".rstrip("0").rstrip(".")
+    note = (
+        f"services (notebooks, predictors) at its shares, each from its arrival: at most "
+        f"{most} GPU{'' if most == '1' else 's'} at once ({peak.gpus / gpus:.0%} of the {gpus:,})"
+    )
+    if peak.seconds_over > 0:
+        hours = peak.seconds_over / 3600
+        note += f", more than the GPUs for {hours:,.1f}h: some wait whatever the scheduler"
+    elif not plan.layout.dra and plan.layout.mps_nodes:
+        note += f"; its MPS nodes have {plan.layout.mps_gpus(True):,}"
+    return note
 
 
 def idle_stop_rules(plan: StrategyPlan, rows: Sequence[TraceRow]) -> dict[int, IdleRecord]:

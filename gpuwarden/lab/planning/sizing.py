@@ -4,7 +4,7 @@ trace row's pod as the policy core decided it offline, no cluster involved)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +98,42 @@ def shared_gpu_hours(
             continue
         held += slices * row.duration / slice_speed(row, decision.pod)
     return held / 3600 / replicas
+
+
+@dataclass(frozen=True)
+class ServicesPeak:
+    """What the services (notebooks, predictors: wanted for their lifetime, not for work to
+    finish) hold at once at the shares a strategy gives them, each alive from its arrival for
+    its duration: the most GPUs, and the seconds of the horizon that is more than the cluster's."""
+
+    gpus: float
+    seconds_over: float
+
+
+def services_peak(
+    rows: Sequence[TraceRow],
+    held: Callable[[TraceRow], float | None],
+    physical_gpus: int,
+    horizon: float,
+) -> ServicesPeak:
+    """The services' peak (``held``: the GPUs a row's pod holds, None where it is refused).
+    Where it is more than the GPUs, some service waits whatever the scheduler does."""
+    events: list[tuple[float, float]] = []
+    for row in rows:
+        gpus = held(row) if not row.batch else None
+        if not gpus or row.at >= horizon:
+            continue
+        events += [(row.at, gpus), (min(row.at + row.duration, horizon), -gpus)]
+    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same moment
+    peak = level = over = 0.0
+    since = 0.0
+    for at, change in events:
+        if level > physical_gpus + 1e-9:
+            over += at - since
+        since = at
+        level += change
+        peak = max(peak, level)
+    return ServicesPeak(peak, over)
 
 
 @dataclass(frozen=True)
