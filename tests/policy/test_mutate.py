@@ -54,7 +54,7 @@ GOVERNED = [name for name in EXAMPLE_IDS if name != "kfp-driver"]
                 "volcano.sh/vgpu-memory": "15360",
                 "volcano.sh/vgpu-cores": "20",
             },
-            ("gpuwarden-light-training", 100),
+            ("gpuwarden-notebook", 260),
             "PreemptLowerPriority",
         ),
         (
