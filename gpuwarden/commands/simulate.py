@@ -543,7 +543,9 @@ def _plan(args: argparse.Namespace) -> simulate.Plan | None:
     return simulate.Plan(rows, strategies, layout, namespaces, horizon, args.real_time)
 
 
-def _with_services_note(plan: StrategyPlan, rows: list[TraceRow], horizon: float) -> StrategyPlan:
+def _with_services_note(
+    plan: StrategyPlan, rows: Sequence[TraceRow], horizon: float
+) -> StrategyPlan:
     note = services_note(plan, rows, horizon)
     return plan if note is None else replace(plan, notes=(*plan.notes, note))
 
@@ -578,7 +580,9 @@ def _sweep(plan: simulate.Plan, sweep: SplitSweep) -> tuple[simulate.Plan, list[
             SWEEP_SIZE,
             _reachable(plan.rows, plan.layout, plan.horizon, planned),
         )
-        splits = [split_plan(planned, n) for n in counts]
+        splits = [
+            _with_services_note(split_plan(planned, n), plan.rows, plan.horizon) for n in counts
+        ]
         strategies += splits
         swept.append(
             Swept(

@@ -48,6 +48,16 @@ def test_sweep_replays_each_split_and_recommends_the_one_that_leaves_whole_nodes
     reports = {s["strategy"]: s for s in body["strategies"]}
     assert sorted(reports) == ["default-policy@1", "default-policy@2", "no-governance"]
     assert any("a split of the sweep" in n for n in reports["default-policy@2"]["notes"])
+    # Each split says what its one service, the predictor's quarter slice, has beside it.
+    services = "services (notebooks, predictors) at its shares, each from its arrival: at most "
+    assert (
+        services + "0.25 GPUs at once (4% of the 6); its MPS nodes have 2"
+        in (reports["default-policy@1"]["notes"])
+    )
+    assert (
+        services + "0.25 GPUs at once (4% of the 6); its MPS nodes have 4"
+        in (reports["default-policy@2"]["notes"])
+    )
     (sweep,) = body["mpsSweep"]
     assert sweep["strategy"] == "default-policy"
     one, two = sweep["splits"]
