@@ -34,16 +34,21 @@ def _shared_rows(
             yield row, slices
 
 
-def _peak(spans: Iterable[tuple[float, float, int]]) -> int:
-    """The most of the amounts alive at once, each (start, duration, amount)."""
-    events: list[tuple[float, int]] = []
+def _levels(spans: Iterable[tuple[float, float, float]]) -> Iterator[tuple[float, float]]:
+    """(moment, the summed amount alive from it on) at each start and end of the spans, each
+    (start, duration, amount)."""
+    events: list[tuple[float, float]] = []
     for at, duration, amount in spans:
         events += [(at, amount), (at + duration, -amount)]
-    peak = current = 0
-    for _, change in sorted(events):  # an end before a start at the same moment
-        current += change
-        peak = max(peak, current)
-    return peak
+    level = 0.0
+    for at, change in sorted(events):  # an end before a start at the same moment
+        level += change
+        yield at, level
+
+
+def _peak(spans: Iterable[tuple[float, float, int]]) -> int:
+    """The most of the (whole) amounts alive at once, each (start, duration, amount)."""
+    return int(max((level for _, level in _levels(spans)), default=0))
 
 
 def shared_demand(rows: Sequence[TraceRow], decisions: Mapping[int, Admission]) -> int:
@@ -118,20 +123,16 @@ def services_peak(
 ) -> ServicesPeak:
     """The services' peak (``held``: the GPUs a row's pod holds, None where it is refused).
     Where it is more than the GPUs, some service waits whatever the scheduler does."""
-    events: list[tuple[float, float]] = []
-    for row in rows:
-        gpus = held(row) if not row.batch else None
-        if not gpus or row.at >= horizon:
-            continue
-        events += [(row.at, gpus), (min(row.at + row.duration, horizon), -gpus)]
-    events.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same moment
-    peak = level = over = 0.0
-    since = 0.0
-    for at, change in events:
-        if level > physical_gpus + 1e-9:
+    spans = [
+        (row.at, min(row.duration, horizon - row.at), gpus)
+        for row in rows
+        if not row.batch and row.at < horizon and (gpus := held(row))
+    ]
+    peak = over = since = before = 0.0
+    for at, level in _levels(spans):
+        if before > physical_gpus + 1e-9:
             over += at - since
-        since = at
-        level += change
+        since, before = at, level
         peak = max(peak, level)
     return ServicesPeak(peak, over)
 
