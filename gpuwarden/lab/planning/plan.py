@@ -162,6 +162,10 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
     memory = 2**20 * max(
         [pool.gpu_memory_mib for pool in layout.node_pools] or [layout.gpu_memory_mib]
     )
+    # Each namespace's templates by name, indexed once rather than for every row.
+    templates = {
+        ns: {t["metadata"]["name"]: t for t in made} for ns, made in plan.claim_templates.items()
+    }
 
     def held(row: TraceRow) -> float | None:
         if not plan.decisions:
@@ -171,9 +175,9 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
             return None
         whole, slices = pod_devices(decision.pod)
         gpus = whole + slices / layout.mps_replicas
-        templates = {t["metadata"]["name"]: t for t in plan.claim_templates.get(row.namespace, ())}
+        mine = templates.get(row.namespace, {})
         for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []:
-            template = templates.get(claim.get("resourceClaimTemplateName"))
+            template = mine.get(claim.get("resourceClaimTemplateName"))
             if template is not None:
                 gpus += template_share(template, memory)
         return gpus
