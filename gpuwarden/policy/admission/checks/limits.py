@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from decimal import Decimal
+from typing import Any
 
 from gpuwarden.policy.admission.checks.base import (
     CREATE,
@@ -24,7 +25,7 @@ from gpuwarden.policy.pod.quantity import (
     parse_count,
     parse_non_negative,
 )
-from gpuwarden.policy.pod.resources import is_gpu_resource
+from gpuwarden.policy.pod.resources import ContainerRef, is_gpu_resource
 from gpuwarden.policy.pod.view import PodView
 from gpuwarden.policy.spec.backends import DRA_CLAIM_NAME
 from gpuwarden.policy.spec.model import Tenant
@@ -154,6 +155,15 @@ def _tenant_limits(context: CheckContext) -> Iterator[Violation]:
         )
 
 
+def _claims_used(ref: ContainerRef) -> list[Any]:
+    """The container's resources.claims entries (none where it lists none)."""
+    resources = ref.body.get("resources")
+    used = resources.get("claims") if isinstance(resources, dict) else None
+    if isinstance(used, list):
+        return used
+    return [used] if used else []  # malformed, but still a claim the pod brings
+
+
 def _resource_claims(context: CheckContext) -> Iterator[Violation]:
     """Dynamic Resource Allocation: a claim's devices are chosen by its ResourceClaim, which
     gpuwarden does not see, so no profile, limit or quota would apply. A tenant's pods get GPUs
@@ -162,19 +172,21 @@ def _resource_claims(context: CheckContext) -> Iterator[Violation]:
     view, tenant = context.view, context.tenant
     if tenant is None or tenant.limits.allow_resource_claims:
         return
+    claims = view.spec.get("resourceClaims")
+    claims = claims if isinstance(claims, list) else []
+    users = [(ref, used) for ref in view.all_containers if (used := _claims_used(ref))]
+    if not claims and not users:
+        return  # the common pod: no claim at all
     # gpuwarden's own claim (dra backend) is a profile's grant, not a claim the pod brings.
     own = own_claim(context.placement)
     targets = set(context.placement.containers) if own is not None else set()
-    claims = view.spec.get("resourceClaims")
     fields = [
         f"spec.resourceClaims[{c.get('name', index) if isinstance(c, dict) else index}]"
-        for index, c in enumerate(claims if isinstance(claims, list) else [])
+        for index, c in enumerate(claims)
         if not is_own_claim_entry(c, own)
     ]
-    for ref in view.all_containers:
-        resources = ref.body.get("resources")
-        used = resources.get("claims") if isinstance(resources, dict) else None
-        if used and ref.field == "containers" and ref.name in targets:
+    for ref, used in users:
+        if ref.field == "containers" and ref.name in targets:
             used = [c for c in used if c != {"name": DRA_CLAIM_NAME}]
         if used:
             fields.append(f"{container_path(ref)}.resources.claims")
