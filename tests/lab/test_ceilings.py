@@ -85,6 +85,22 @@ def test_one_gpu_two_pods_one_preempted_busy_is_split_into_useful_and_redone() -
     assert report.gpu_busy_useful == pytest.approx(2.0 / 4)
     assert report.lost_gpu_hours == pytest.approx(1.0)
     assert report.delivered_gpu_hours == pytest.approx(3.0)
+    # The JSON names the pod that went, when, and the work thrown away with it.
+    assert report.as_json()["preemptedPods"] == [
+        {
+            "pod": first.name,
+            "namespace": "team",
+            "kind": "training-job",
+            "row": 1,
+            "attempt": 1,
+            "gpus": 1,
+            "boundSeconds": 0.0,
+            "preemptedSeconds": HOUR,
+            "lostGpuHours": pytest.approx(1.0),
+            "redoneGpuHours": pytest.approx(0.5),
+            "evictedBy": "scheduler",
+        }
+    ]
     load = trace_load(
         [(r.at, r.duration, r.gpus, r.busy) for r in (low, high)], physical_gpus=1, horizon=4 * HOUR
     )

@@ -55,6 +55,14 @@ def test_replay_measures_preemption_and_unplaced_pods(e2e_tools: Tools, tmp_path
     assert (free["preemptions"], free["neverPlaced"]) == (0, 1)
     # The recreated trial was placed again once the predictor ended.
     assert (governed["preemptions"], governed["neverPlaced"]) == (1, 0)
+    (victim,) = governed["preemptedPods"]
+    assert (victim["kind"], victim["attempt"], victim["evictedBy"]) == (
+        "katib-trial",
+        1,
+        "scheduler",
+    )
+    assert victim["lostGpuHours"] == pytest.approx(governed["lostGpuHours"])
+    assert free["preemptedPods"] == []
     # The predictor waited well under an hour of the trace's time for its GPU; with no
     # governance it waited its whole two-hour lifetime.
     assert governed["waitSeconds"]["serving"]["p95"] < 3600

@@ -214,6 +214,7 @@ class StrategyReport:
     idle: IdleTails | None = None  # None: no pod had an idle tail
     # --mps-nodes follow: what the pools did (reporting.pools.PoolMoves as JSON); None: fixed.
     pool_moves: Mapping[str, Any] | None = None
+    preempted: tuple[Preemption, ...] = ()  # each preempted pod, in the order it went
 
     @property
     def gpu_busy_useful(self) -> float:
@@ -254,8 +255,59 @@ class StrategyReport:
             "tenantQueues": {tenant: dict(values) for tenant, values in self.queues.items()},
             **(self.idle.as_json() if self.idle is not None else {}),
             **({"poolMoves": dict(self.pool_moves)} if self.pool_moves is not None else {}),
+            "preemptedPods": [p.as_json() for p in self.preempted],
             "pods": self.pods,
             "notes": list(self.notes),
+        }
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """One preempted pod: what it held, for how long, and the work thrown away with it
+    (simulated seconds from the start; GPU-hours at full speed)."""
+
+    pod: str
+    namespace: str
+    kind: str
+    row: int
+    attempt: int
+    gpus: float  # physical GPUs it held (a slice: 1/replicas)
+    bound: float
+    preempted: float
+    lost_gpu_hours: float
+    redone_gpu_hours: float
+    evicted_by: str  # Kueue's reason where Kueue preempted it, else "scheduler"
+
+    @classmethod
+    def of(cls, record: PodRecord) -> Preemption:
+        bound = record.bound if record.bound is not None else record.created
+        return cls(
+            pod=record.name,
+            namespace=record.namespace,
+            kind=record.kind,
+            row=record.row,
+            attempt=record.attempt,
+            gpus=record.gpus,
+            bound=bound,
+            preempted=record.ended if record.ended is not None else bound,
+            lost_gpu_hours=_hours(record.lost),
+            redone_gpu_hours=_hours(record.redone),
+            evicted_by=record.evicted_by or "scheduler",
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "namespace": self.namespace,
+            "kind": self.kind,
+            "row": self.row,
+            "attempt": self.attempt,
+            "gpus": self.gpus,
+            "boundSeconds": self.bound,
+            "preemptedSeconds": self.preempted,
+            "lostGpuHours": self.lost_gpu_hours,
+            "redoneGpuHours": self.redone_gpu_hours,
+            "evictedBy": self.evicted_by,
         }
 
 
@@ -512,6 +564,12 @@ def summarize(
         refusals=tuple(refusals),
         gpu_busy_redone=sum(r.redone for r in pods) / (capacity * whole),
         idle=idle_tails(pods, horizon),
+        preempted=tuple(
+            sorted(
+                (Preemption.of(r) for r in pods if r.preempted),
+                key=lambda p: (p.preempted, p.pod),
+            )
+        ),
         queues=(
             {}
             if quotas is None
