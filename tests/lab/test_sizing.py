@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from gpuwarden.lab.cluster.controlplane import REPO_ROOT
-from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.cluster.nodes import SHARES_LABEL, GpuNodePool
 from gpuwarden.lab.inputs.defaulttrace import default_namespaces
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.lab.planning.plan import (
@@ -263,3 +263,39 @@ def test_the_plan_notes_what_the_services_ask_at_the_strategys_shares() -> None:
     )
     # A trace of batch work only has no services to speak of.
     assert services_note(shared, [_trial(0, 0.0)], HOUR) is None
+
+
+def test_on_dra_the_shares_prefer_nodes_sized_to_them() -> None:
+    # kube-scheduler scores a claim-only pod alike on every node: the stand-in's shares prefer
+    # labelled nodes, as many as their peak needs, so an 8-GPU job still finds a whole node.
+    on_dra = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies", "dra")}
+    rows = _notebooks_and_a_node_job()
+    plan = plan_strategy(on_dra["default-policy"], Layout(dra=True), rows, default_namespaces())
+    assert plan.layout.shares_nodes == 1
+    assert plan.notes == (
+        "nodes its shares prefer sized to its shared demand: 1 of 8, 8 GPUs (shares of at most "
+        "8 GPUs at once; whole-GPU pods ask at most 8 GPUs at once)",
+    )
+    pools = {pool.name: pool for pool in plan.layout.pools(True)}
+    assert (pools["gpu"].count, pools["gpu-shares"].count) == (7, 1)
+    assert (
+        pools["gpu-shares"].node_manifest("gpu-shares-0")["metadata"]["labels"][SHARES_LABEL]
+        == "true"
+    )
+    assert SHARES_LABEL not in pools["gpu"].node_manifest("gpu-0")["metadata"]["labels"]
+    notebook = plan.decisions[0].pod["spec"]
+    assert notebook["affinity"]["nodeAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ] == [
+        {
+            "weight": 100,
+            "preference": {
+                "matchExpressions": [{"key": SHARES_LABEL, "operator": "In", "values": ["true"]}]
+            },
+        }
+    ]
+    assert "affinity" not in plan.decisions[40].pod["spec"]  # the whole-GPU job
+    # Without governance nothing is shared, and no node is labelled.
+    free = plan_strategy(on_dra["no-governance"], Layout(dra=True), rows, default_namespaces())
+    assert (free.layout.shares_nodes, free.notes) == (0, ())
+    assert [pool.name for pool in free.layout.pools(False)] == ["gpu"]

@@ -222,3 +222,64 @@ def test_a_whole_resource_gpuwarden_does_not_count_is_refused_at_load() -> None:
     assert "spec.backend.wholeResourceName: 'example.com/gpu' is not a GPU count gpuwarden" in (
         str(raised.value)
     )
+
+
+PREFERRING = SPEC.replace(
+    DRA, "{type: dra, deviceClassName: gpu.example.com, sharedNodeLabels: {gpu-pool: shared}}"
+)
+PREFERRED_TERMS = ("affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution")
+SHARED_NODES_TERM = {
+    "weight": 100,
+    "preference": {
+        "matchExpressions": [{"key": "gpu-pool", "operator": "In", "values": ["shared"]}]
+    },
+}
+
+
+def _preferred(pod: dict[str, Any]) -> Any:
+    found: Any = pod["spec"]
+    for key in PREFERRED_TERMS:
+        found = found.get(key) if isinstance(found, dict) else None
+    return found
+
+
+def test_shared_claims_prefer_the_backends_shared_nodes_and_whole_pods_do_not() -> None:
+    policies = policies_from(PREFERRING)
+    shared, _ = admitted(policies, labelled("shared"))
+    assert _preferred(shared) == [SHARED_NODES_TERM]
+    assert (
+        "requiredDuringSchedulingIgnoredDuringExecution"
+        not in shared["spec"]["affinity"]["nodeAffinity"]
+    )
+    whole, _ = admitted(policies, labelled("whole"))
+    assert "affinity" not in whole["spec"]
+    # Without the field nothing is preferred.
+    plain, _ = admitted(policies_from(SPEC), labelled("shared"))
+    assert "affinity" not in plain["spec"]
+
+
+def test_the_users_own_preferences_stay_and_a_reinvocation_settles() -> None:
+    policies = policies_from(PREFERRING)
+    own = {
+        "weight": 5,
+        "preference": {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+    }
+    pod, _ = admitted(
+        policies,
+        labelled(
+            "shared",
+            affinity={"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [own]}},
+        ),
+    )
+    assert _preferred(pod) == [own, SHARED_NODES_TERM]
+    again = mutate(create(pod), policies, ClusterView())
+    assert again.allowed and not again.patch
+    # Another webhook moved the pod to a whole profile: gpuwarden's term goes, the user's stays.
+    pod["metadata"]["labels"]["gpuwarden.io/profile"] = "whole"
+    moved = apply_ops(pod, mutate(create(pod), policies, ClusterView()))
+    assert _preferred(moved) == [own]
+    alone, _ = admitted(policies, labelled("shared"))
+    alone["metadata"]["labels"]["gpuwarden.io/profile"] = "whole"
+    assert (
+        "affinity" not in apply_ops(alone, mutate(create(alone), policies, ClusterView()))["spec"]
+    )

@@ -25,6 +25,9 @@ SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"
 SHARED_PRODUCT_SUFFIX = "-SHARED"
 #: The label every lab node carries, with its pool's name (so a run can list its nodes).
 POOL_LABEL = "lab.gpuwarden.io/pool"
+#: On DRA nodes, the label of those the shares prefer (the dra backend's sharedNodeLabels), its
+#: value "true".
+SHARES_LABEL = "lab.gpuwarden.io/shares"
 #: The node label NVIDIA's device plugin takes its per-node config from: its config-manager
 #: sidecar watches it (NVIDIA/k8s-device-plugin cmd/config-manager/main.go, flag --node-label)
 #: and the value names one config of the plugin's ConfigMap (the Helm chart's config.map).

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwarden.lab.cluster.dradriver import template_share
+from gpuwarden.lab.cluster.dradriver import Reservation, reservation
 from gpuwarden.lab.cluster.nodes import pod_devices
 from gpuwarden.lab.inputs.trace import TraceRow, row_pod
 from gpuwarden.lab.planning.follow import FollowPools
@@ -24,6 +24,7 @@ from gpuwarden.lab.planning.sizing import (
     shared_demand,
     shared_gpu_hours,
     size_mps_nodes,
+    size_shares_nodes,
     sweep_candidates,
     whole_demand,
     whole_node_counts,
@@ -140,7 +141,6 @@ def plan_strategy(
     )
     view = lab_view(namespaces, classes)
     decisions = {} if policies is None else decide_rows(policies, rows, view)
-    resolved, notes = resolve_layout(layout, strategy, rows, decisions)
     templates = (
         {
             ns: tuple(claim_templates(policies, ns, labels))
@@ -149,9 +149,67 @@ def plan_strategy(
         if layout.dra and policies is not None
         else {}
     )
+    if layout.dra:
+        resolved, notes = resolve_shares_nodes(layout, rows, decisions, templates)
+    else:
+        resolved, notes = resolve_layout(layout, strategy, rows, decisions)
     return StrategyPlan(
         strategy, resolved, tuple(notes), classes, view, decisions, claim_templates=templates
     )
+
+
+def _largest_gpu_memory(layout: Layout) -> float:
+    return 2**20 * max(
+        [pool.gpu_memory_mib for pool in layout.node_pools] or [layout.gpu_memory_mib]
+    )
+
+
+def _claim_reservations(
+    layout: Layout,
+    decisions: Mapping[int, Admission],
+    claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> Callable[[TraceRow, Admission], list[Reservation]]:
+    """What each of a decided pod's DRA claims reserves, of the largest GPU the lab has."""
+    memory = _largest_gpu_memory(layout)
+    # Each namespace's templates by name, indexed once rather than for every row.
+    templates = {
+        ns: {t["metadata"]["name"]: t for t in made} for ns, made in claim_templates.items()
+    }
+
+    def reserved(row: TraceRow, decision: Admission) -> list[Reservation]:
+        mine = templates.get(row.namespace, {})
+        return [
+            reservation(template, memory)
+            for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []
+            if (template := mine.get(claim.get("resourceClaimTemplateName"))) is not None
+        ]
+
+    return reserved
+
+
+def resolve_shares_nodes(
+    layout: Layout,
+    rows: Sequence[TraceRow],
+    decisions: Mapping[int, Admission],
+    claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> tuple[Layout, list[str]]:
+    """A DRA layout with the nodes its shares prefer sized to the strategy's shared claims, each
+    held from its arrival for its duration at the speed its reserved cores allow."""
+    if not claim_templates:
+        return replace(layout, mps_nodes=0, shares_nodes=0), []
+    reserved = _claim_reservations(layout, decisions, claim_templates)
+    spans: list[tuple[float, float, float]] = []
+    for row in rows:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            continue
+        for claim in reserved(row, decision):
+            cap = claim.sm_share
+            speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
+            spans.append((row.at, row.duration / max(speed, 1e-3), claim.share))
+    sized = size_shares_nodes(layout.mps_candidates, spans, whole_demand(rows, decisions))
+    resolved = replace(layout, mps_nodes=0, shares_nodes=sized.nodes)
+    return resolved, [sized.note] if sized.note else []
 
 
 def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
@@ -159,13 +217,7 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
     an MPS slice as 1/replicas of one, a DRA claim as the share its template reserves of the
     largest GPU the lab has (so a peak of these is the least the services need)."""
     layout = plan.layout
-    memory = 2**20 * max(
-        [pool.gpu_memory_mib for pool in layout.node_pools] or [layout.gpu_memory_mib]
-    )
-    # Each namespace's templates by name, indexed once rather than for every row.
-    templates = {
-        ns: {t["metadata"]["name"]: t for t in made} for ns, made in plan.claim_templates.items()
-    }
+    reserved = _claim_reservations(layout, plan.decisions, plan.claim_templates)
 
     def held(row: TraceRow) -> float | None:
         if not plan.decisions:
@@ -175,12 +227,7 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
             return None
         whole, slices = pod_devices(decision.pod)
         gpus = whole + slices / layout.mps_replicas
-        mine = templates.get(row.namespace, {})
-        for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []:
-            template = mine.get(claim.get("resourceClaimTemplateName"))
-            if template is not None:
-                gpus += template_share(template, memory)
-        return gpus
+        return gpus + sum(claim.share for claim in reserved(row, decision))
 
     return held
 

@@ -4,6 +4,7 @@ trace row's pod as the policy core decided it offline, no cluster involved)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,30 @@ def shared_gpu_hours(
     return held / 3600 / replicas
 
 
+def size_shares_nodes(
+    node_gpus: Sequence[int],
+    spans: Sequence[tuple[float, float, float]],
+    whole: WholeDemand,
+) -> MpsSizing:
+    """The DRA nodes a strategy's shares prefer, sized as MPS nodes are (:func:`size_mps_nodes`,
+    a GPU as one slice): ``spans`` are its shared pods, each (arrival, seconds it holds its
+    share, the share of a GPU it reserves)."""
+    peak = max((level for _, level in _levels(spans)), default=0.0)
+    if peak <= 0:
+        return MpsSizing(0, "")
+    hours = sum(held * share for _, held, share in spans) / 3600
+    most = f"{peak:,.2f}".rstrip("0").rstrip(".")
+    return size_mps_nodes(
+        node_gpus,
+        math.ceil(peak - 1e-9),
+        whole,
+        1,
+        hours,
+        pool="nodes its shares prefer",
+        asked=f"shares of at most {most} GPUs at once",
+    )
+
+
 @dataclass(frozen=True)
 class ServicesPeak:
     """What the services (notebooks, predictors: wanted for their lifetime, not for work to
@@ -151,6 +176,9 @@ def size_mps_nodes(
     whole: WholeDemand,
     replicas: int,
     shared_hours: float = 0.0,
+    *,
+    pool: str = "MPS nodes",
+    asked: str | None = None,
 ) -> MpsSizing:
     """The MPS nodes for ``slices`` MPS slices at once on nodes of ``node_gpus`` GPUs each, in
     the order the layout makes them MPS nodes (sizes may differ), each GPU ``replicas`` slices.
@@ -175,13 +203,13 @@ def size_mps_nodes(
         (i + 1 for i, gpus in enumerate(cumulative) if gpus * replicas >= slices),
         len(node_gpus),
     )
-    asked = f"at most {slices} slices asked at once, {replicas} per GPU"
+    asked = asked or f"at most {slices} slices asked at once, {replicas} per GPU"
     if not whole.peak:
         # No pod asks whole GPUs: a node left whole would serve no one (issue 33: Alibaba's
         # gpushare100 list on 1,213 nodes queued its trials on 1 MPS node beside idle ones).
         return MpsSizing(
             len(node_gpus),
-            f"MPS nodes: all {len(node_gpus):,}, {total:,} GPUs (no pod asks whole GPUs; {asked})",
+            f"{pool}: all {len(node_gpus):,}, {total:,} GPUs (no pod asks whole GPUs; {asked})",
         )
     # Node counts that leave the largest whole-GPU pod a node's worth of whole GPUs.
     allowed = whole_node_counts(node_gpus, whole.largest)
@@ -200,7 +228,7 @@ def size_mps_nodes(
         )
     return MpsSizing(
         nodes,
-        f"MPS nodes sized to its shared demand: {nodes} of {len(node_gpus)}, "
+        f"{pool} sized to its shared demand: {nodes} of {len(node_gpus)}, "
         f"{cumulative[nodes - 1]} GPUs ({asked}; whole-GPU pods ask at most {whole.peak} GPUs "
         f"at once{why})",
     )

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 
 from gpuwarden.lab.cluster.dradriver import CORES_CAPACITY, DEVICE_CLASS, MEMORY_CAPACITY
-from gpuwarden.lab.cluster.nodes import GpuNodePool
+from gpuwarden.lab.cluster.nodes import SHARES_LABEL, GpuNodePool
 from gpuwarden.lab.inputs.trace import TraceRow
 from gpuwarden.policy import PolicySet, load_texts
 from gpuwarden.policy.pod.keys import API_VERSION, POLICY_KIND
@@ -56,18 +56,21 @@ STAND_INS: tuple[StandIn, ...] = ("mps", "dra")
 #: The backend Volcano and HAMi policies run on with ``--stand-in dra``: shared profiles claim a
 #: device of the lab's driver by memory and cores, whole ones ask nvidia.com/gpu, which the
 #: DeviceClass maps onto the same devices.
-DRA_LAB_BACKEND: Mapping[str, str] = {
+DRA_LAB_BACKEND: Mapping[str, Any] = {
     "type": "dra",
     "deviceClassName": DEVICE_CLASS,
     "memoryCapacity": MEMORY_CAPACITY,
     "coresCapacity": CORES_CAPACITY,
     "schedulerName": BINPACK_SCHEDULER,
+    # kube-scheduler scores a claim-only pod by CPU and memory alone: without a preference the
+    # shares spread over every node (Volcano and HAMi pack them, binpack by default).
+    "sharedNodeLabels": {SHARES_LABEL: "true"},
 }
 #: What the DRA stand-in replays of Volcano and HAMi, and what it does not (one note, whole).
 DRA_APPROXIMATION = (
     "replayed: kube-scheduler's DRA allocator for Volcano's deviceshare / HAMi's scheduler "
-    "(per-device memory and core sums as theirs); not their node/device scoring, queues or "
-    "gangs; no GPU preemption"
+    "(their memory and core sums; shares prefer nodes sized to them); not their scoring, "
+    "queues, gangs, GPU preemption"
 )
 
 #: Sharing without governance: notebooks and predictors share GPUs, nothing else changes
@@ -107,6 +110,9 @@ class Layout:
     node_pools: tuple[GpuNodePool, ...] = ()
     # Every node a DRA node of the lab's driver: no MPS nodes, any GPU shared or whole.
     dra: bool = False
+    # DRA: how many nodes (the first, in mps_candidates' order) carry SHARES_LABEL, which the
+    # stand-in's shared claims prefer (resolved in each strategy's plan).
+    shares_nodes: int = 0
 
     @property
     def physical_gpus(self) -> int:
@@ -135,12 +141,7 @@ class Layout:
 
     def pools(self, shares: bool) -> list[GpuNodePool]:
         if self.dra:
-            given = self.node_pools or (
-                GpuNodePool(
-                    "gpu", self.nodes, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib
-                ),
-            )
-            return [replace(pool, dra=True) for pool in given if pool.count]
+            return self._dra_pools()
         if self.node_pools:
             return self._split(shares)
         mps = min(self.mps_nodes or 0, self.nodes) if shares else 0
@@ -161,6 +162,31 @@ class Layout:
                 )
             )
         return [pool for pool in pools if pool.count]
+
+    def _dra_pools(self) -> list[GpuNodePool]:
+        """DRA nodes; the first ``shares_nodes`` of the largest pools (most nodes first, as
+        MPS nodes are taken) labelled for the shares, as pools named ``<pool>-shares``."""
+        given = self.node_pools or (
+            GpuNodePool("gpu", self.nodes, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib),
+        )
+        left = self.shares_nodes
+        out: list[GpuNodePool] = []
+        for pool in sorted(given, key=lambda p: (-p.count, p.name)):
+            labelled = min(left, pool.count)
+            left -= labelled
+            if pool.count - labelled:
+                out.append(replace(pool, count=pool.count - labelled, dra=True))
+            if labelled:
+                out.append(
+                    replace(
+                        pool,
+                        name=f"{pool.name}-shares",
+                        count=labelled,
+                        dra=True,
+                        labels={**pool.labels, SHARES_LABEL: "true"},
+                    )
+                )
+        return sorted(out, key=lambda p: p.name)
 
     def _split(self, shares: bool) -> list[GpuNodePool]:
         """The given pools; sharing, the first ``mps_nodes`` nodes of the largest pools

@@ -36,9 +36,10 @@ from gpuwarden.policy.spec.backends import (
     BackendPlan,
     exclusive_node_expression,
     no_shared_gpus_expression,
+    preferred_nodes_term,
     selects_shared_gpus,
 )
-from gpuwarden.policy.spec.model import EnforcementAction
+from gpuwarden.policy.spec.model import DraBackend, EnforcementAction
 from gpuwarden.policy.spec.policyset import Grant, PolicySet
 from gpuwarden.policy.spec.resolved import ResolvedProfile
 
@@ -307,6 +308,42 @@ def _keep_off_shared_gpus(patch: PatchBuilder, profile: ResolvedProfile, notes: 
         patch.append([*_NODE_TERMS, index, "matchExpressions"], wanted)
 
 
+_PREFERRED_TERMS: list[str | int] = [
+    "spec",
+    "affinity",
+    "nodeAffinity",
+    "preferredDuringSchedulingIgnoredDuringExecution",
+]
+
+
+def _prefer_nodes(
+    patch: PatchBuilder, profile: ResolvedProfile, backend_plan: BackendPlan | None
+) -> None:
+    """Give the pod the preferred node affinity term its plan asks for (dra shares: the
+    backend's sharedNodeLabels), beside the pod's own terms; a reinvocation that moved the pod
+    to a plan without one takes gpuwarden's term away again."""
+    wanted = preferred_nodes_term(backend_plan.preferred_nodes) if backend_plan else None
+    terms = patch.get(_PREFERRED_TERMS)
+    if wanted is not None:
+        if not isinstance(terms, list) or wanted not in terms:
+            patch.append(_PREFERRED_TERMS, wanted)
+        return
+    backend = profile.backend
+    ours = (
+        preferred_nodes_term(backend.shared_node_labels)
+        if isinstance(backend, DraBackend)
+        else None
+    )
+    if ours is None or not isinstance(terms, list) or ours not in terms:
+        return
+    for index in reversed(range(len(terms))):
+        if terms[index] == ours:
+            patch.remove([*_PREFERRED_TERMS, index])
+    for depth in range(len(_PREFERRED_TERMS), 1, -1):
+        if patch.get(_PREFERRED_TERMS[:depth]) in ([], {}):
+            patch.remove(_PREFERRED_TERMS[:depth])
+
+
 def _priority(profile: ResolvedProfile, cluster: ClusterView) -> tuple[int, str]:
     """(priority, preemptionPolicy) of the profile's class: the cluster's, where it has one."""
     known = cluster.priority_classes.get(profile.priority_class_name)
@@ -461,6 +498,7 @@ def apply_placement(
     _set_priority(patch, profile, cluster, notes)
     _set_placement(patch, grant, notes)
     _keep_off_shared_gpus(patch, profile, notes)
+    _prefer_nodes(patch, profile, backend_plan)
     return patch, notes
 
 

@@ -69,6 +69,8 @@ class BackendPlan:
     # The ResourceClaimTemplate of the pod's DRA claim (DRA_CLAIM_NAME) that the GPU
     # container uses instead of GPU resources; None: the GPUs are resources.
     claim_template: str | None = None
+    # Node labels the pod prefers (a preferred node affinity term gpuwarden writes); empty: none.
+    preferred_nodes: Mapping[str, str] = field(default_factory=dict)
 
 
 def _mps_env(profile: ResolvedProfile) -> dict[str, str]:
@@ -283,11 +285,32 @@ def _dra(backend: DraBackend, profile: ResolvedProfile) -> BackendPlan:
         scheduler,
         {},
         claim_template=template,
+        preferred_nodes=backend.shared_node_labels,
         notes=(
             f"DRA claim {DRA_CLAIM_NAME} from template {template}, a share of a "
             f"{backend.device_class_name} device",
         ),
     )
+
+
+#: The weight of the preferred node affinity term a plan's ``preferred_nodes`` becomes: the
+#: most a term may have (1-100), so it outweighs kube-scheduler's other scores for a claim.
+PREFERRED_NODES_WEIGHT = 100
+
+
+def preferred_nodes_term(labels: Mapping[str, str]) -> dict[str, Any] | None:
+    """The preferredDuringSchedulingIgnoredDuringExecution term for ``labels`` (None: none)."""
+    if not labels:
+        return None
+    return {
+        "weight": PREFERRED_NODES_WEIGHT,
+        "preference": {
+            "matchExpressions": [
+                {"key": key, "operator": "In", "values": [value]}
+                for key, value in sorted(labels.items())
+            ]
+        },
+    }
 
 
 def shared_slices_per_container(profile: ResolvedProfile) -> int | None:

@@ -356,6 +356,15 @@ class DraBackend(_BackendBase):
         "volcano.sh/gpu-number)",
     )
 
+    shared_node_labels: dict[LabelKey, str] = Field(
+        default_factory=dict,
+        description="Node labels that shared claims prefer (a preferred node affinity of "
+        "weight 100, spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution): "
+        "kube-scheduler scores a pod whose GPU is a claim by CPU and memory alone, so without "
+        "it shares land on any node and leave none whole for multi-GPU pods. A preference, not "
+        "a pool: a share goes elsewhere when those nodes are full. Empty: no preference",
+    )
+
     @field_validator("whole_resource_name")
     @classmethod
     def _a_governed_gpu_count(cls, name: str) -> str:
