@@ -322,18 +322,16 @@ def _prefer_nodes(
     """Give the pod the preferred node affinity term its plan asks for (dra shares: the
     backend's sharedNodeLabels), beside the pod's own terms; a reinvocation that moved the pod
     to a plan without one takes gpuwarden's term away again."""
+    backend = profile.backend
+    if not isinstance(backend, DraBackend) or not backend.shared_node_labels:
+        return  # the common pod: no backend of it prefers nodes
     wanted = preferred_nodes_term(backend_plan.preferred_nodes) if backend_plan else None
     terms = patch.get(_PREFERRED_TERMS)
     if wanted is not None:
         if not isinstance(terms, list) or wanted not in terms:
             patch.append(_PREFERRED_TERMS, wanted)
         return
-    backend = profile.backend
-    ours = (
-        preferred_nodes_term(backend.shared_node_labels)
-        if isinstance(backend, DraBackend)
-        else None
-    )
+    ours = preferred_nodes_term(backend.shared_node_labels)
     if ours is None or not isinstance(terms, list) or ours not in terms:
         return
     for index in reversed(range(len(terms))):
