@@ -1,5 +1,6 @@
 """The job webhooks' CEL (scope.JOB_CEL) tests sites that differ only in their last field (KServe's
-components and model shorthands) in one clause each; evaluated, it gives every example job and
+components and model shorthands), or in their guards' values too (Katib's trials of each Training
+Operator kind), in one clause each; evaluated, it gives every example job and
 every variant of each site the verdict of the form with one clause per site, which the twin
 job_needs_review follows."""
 
@@ -123,13 +124,18 @@ def variants(job: dict[str, Any]) -> Iterator[dict[str, Any]]:
             bare = put(bare, site.path, _ABSENT)
     for start in (job, bare):
         for site in kind.sites:
-            if site.when:
-                continue
+            guarded = start
+            for path, value in site.when:
+                # A guarded site (Katib's trial of one kind) is probed with its guards holding,
+                # and with another site's guards holding instead.
+                guarded = put(guarded, path, value)
             probes = PROBES["template" if site.per_replica else site.shape]
             if site.per_replica:
                 probes = [{"Worker": {"template": probe}} for probe in probes]
             for probe in [*probes, _ABSENT]:
-                yield put(start, site.path, probe)
+                yield put(guarded, site.path, probe)
+                if site.when:
+                    yield put(put(guarded, site.path, probe), site.when[0][0], "OtherJob")
 
 
 CASES = list(

@@ -574,6 +574,36 @@ def _alike(site: jobs.TemplateSite) -> tuple[tuple[str, ...], str, bool] | None:
     return site.path[:-1], site.shape, bool(site.meta)
 
 
+def _guarded_alike(site: jobs.TemplateSite) -> tuple[object, ...] | None:
+    """What guarded replica sites of a kind must share to be tested in one clause (Katib's
+    trials of each Training Operator kind): the map that holds them and the fields their guards
+    read; None for any other site."""
+    if not site.when or not site.per_replica or site.meta:
+        return None
+    return ("guarded", site.path[:-1], tuple(path for path, _ in site.when))
+
+
+def _guarded_sites_cel(kind: jobs.JobKind, sites: Sequence[jobs.TemplateSite]) -> str:
+    """Guarded replica sites alike but for their guards' values and the last field of their
+    path as one clause: a comprehension over a constant list of rows, each the guards' values
+    and that field, so a request matches it exactly when it matches one site's own clause."""
+    parent = sites[0].path[:-1]
+    guarded = [path for path, _ in sites[0].when]
+    rows = json.dumps([[*(value for _, value in site.when), site.path[-1]] for site in sites])
+    last = len(guarded)
+    field = f"{_field(parent)}[p[{last}]]"
+    guards = [f"{_field(path)} == p[{index}]" for index, path in enumerate(guarded)]
+    body = _site_body(sites[0], field, None, present=True)
+    return " && ".join(
+        [
+            f'request.kind.group == "{kind.group}"',
+            f'request.kind.kind == "{kind.kind}"',
+            *_present([*guarded, parent]),
+            f"{rows}.exists(p, {' && '.join(guards)} && p[{last}] in {_field(parent)} && {body})",
+        ]
+    )
+
+
 def _sites_cel(kind: jobs.JobKind, sites: Sequence[jobs.TemplateSite]) -> str:
     """Sites of a kind alike but for the last field of their path (KServe's model shorthands,
     its components) as one clause, a comprehension over those fields' names (a constant list,
@@ -581,6 +611,8 @@ def _sites_cel(kind: jobs.JobKind, sites: Sequence[jobs.TemplateSite]) -> str:
     matches one of the sites' own clauses."""
     if len(sites) == 1:
         return _site_cel(kind, sites[0])
+    if _guarded_alike(sites[0]) is not None:
+        return _guarded_sites_cel(kind, sites)
     parent = sites[0].path[:-1]
     field = f"{_field(parent)}[s]"
     names = json.dumps([site.path[-1] for site in sites])
@@ -596,10 +628,11 @@ def _sites_cel(kind: jobs.JobKind, sites: Sequence[jobs.TemplateSite]) -> str:
 
 
 def _kind_clauses(kind: jobs.JobKind) -> list[str]:
-    """A kind's clauses: one per site, sites alike (:func:`_alike`) together."""
+    """A kind's clauses: one per site, sites alike (:func:`_alike`, :func:`_guarded_alike`)
+    together."""
     groups: dict[object, list[jobs.TemplateSite]] = {}
     for site in kind.sites:
-        groups.setdefault(_alike(site) or site, []).append(site)
+        groups.setdefault(_alike(site) or _guarded_alike(site) or site, []).append(site)
     return [f"({_sites_cel(kind, sites)})" for sites in groups.values()]
 
 
