@@ -299,3 +299,18 @@ def test_on_dra_the_shares_prefer_nodes_sized_to_them() -> None:
     free = plan_strategy(on_dra["no-governance"], Layout(dra=True), rows, default_namespaces())
     assert (free.layout.shares_nodes, free.notes) == (0, ())
     assert [pool.name for pool in free.layout.pools(False)] == ["gpu"]
+
+
+def test_on_dra_claims_that_no_gpu_can_hold_are_named() -> None:
+    # The default policy caps a Katib trial's GPU memory at 20Gi: on 16 GB T4s its claim fits no
+    # device, as a Volcano vgpu-memory request of that size would not, so the plan says so.
+    on_dra = {s.name: s for s in builtin_strategies(REPO_ROOT / "policies", "dra")}
+    t4 = Layout(dra=True, node_pools=(GpuNodePool("t4-2", 2, 2, gpu_memory_mib=15360),))
+    rows = [_trial(i, 0.0) for i in range(3)]
+    plan = plan_strategy(on_dra["default-policy"], t4, rows, default_namespaces())
+    assert (
+        "claims of template gpuwarden-batch-hpo ask 20Gi of GPU memory, more than any GPU here "
+        "has (15,360 MiB): its 3 pods are never placed"
+    ) in plan.notes
+    h100 = plan_strategy(on_dra["default-policy"], Layout(dra=True), rows, default_namespaces())
+    assert not [note for note in h100.notes if "never placed" in note]

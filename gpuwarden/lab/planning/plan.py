@@ -209,7 +209,43 @@ def resolve_shares_nodes(
             spans.append((row.at, row.duration / max(speed, 1e-3), claim.share))
     sized = size_shares_nodes(layout.mps_candidates, spans, whole_demand(rows, decisions))
     resolved = replace(layout, mps_nodes=0, shares_nodes=sized.nodes)
-    return resolved, [sized.note] if sized.note else []
+    notes = [sized.note] if sized.note else []
+    return resolved, notes + oversized_claims(layout, rows, decisions, claim_templates)
+
+
+def oversized_claims(
+    layout: Layout,
+    rows: Sequence[TraceRow],
+    decisions: Mapping[int, Admission],
+    claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
+) -> list[str]:
+    """A note per claim template that asks more GPU memory than any GPU of the layout has: its
+    pods are never placed (a Volcano vgpu-memory or HAMi gpumem request above every GPU's
+    memory is not either), however idle the GPUs."""
+    largest = _largest_gpu_memory(layout)
+    templates = {
+        (ns, t["metadata"]["name"]): t for ns, made in claim_templates.items() for t in made
+    }
+    pods: dict[str, int] = {}
+    asked: dict[str, float] = {}
+    for row in rows:
+        decision = decisions.get(row.row)
+        if decision is None or not decision.allowed:
+            continue
+        for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []:
+            template = templates.get((row.namespace, claim.get("resourceClaimTemplateName")))
+            if template is None:
+                continue
+            memory = reservation(template, largest).memory
+            if memory > largest:
+                name = str(template["metadata"]["name"])
+                pods[name] = pods.get(name, 0) + 1
+                asked[name] = memory
+    return [
+        f"claims of template {name} ask {asked[name] / 2**30:g}Gi of GPU memory, more than any "
+        f"GPU here has ({largest / 2**20:,.0f} MiB): its {pods[name]:,} pods are never placed"
+        for name in sorted(pods)
+    ]
 
 
 def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
