@@ -123,6 +123,7 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
     warnings += _untenanted_namespaces(policies)
     notes += _label_selected_tenant_objects(policies)
     notes += _katib_injection_warnings(policies)
+    notes += _dra_shared_nodes_notes(policies)
     warnings += _kueue_queue_warnings(policies)
     warnings += _idle_stop_warnings(policies)
     return warnings, notes
@@ -292,6 +293,35 @@ def _dra_warnings(name: str, profile: Profile, backend: DraBackend, gpus: int) -
             "the dra backend without backend.coresCapacity (a device capacity of 100 that "
             "claims reserve their share of)"
         )
+    return out
+
+
+def _dra_shared_nodes_notes(policies: PolicySet) -> list[str]:
+    """Where the dra backend's shares land: on labelled nodes, which lint cannot see, or, with
+    no sharedNodeLabels, on any node (kube-scheduler scores a claim-only pod alike on every node
+    but for its CPU and memory), which can leave no node whole for multi-GPU pods."""
+    shared: dict[str, tuple[DraBackend, list[str]]] = {}
+    for name, profile in policies.profiles.items():
+        backend = profile.backend or policies.profile_policy[name].spec.backend
+        if profile.gpu_share and isinstance(backend, DraBackend):
+            key = backend.model_dump_json()
+            shared.setdefault(key, (backend, []))[1].append(name)
+    out: list[str] = []
+    for backend, names in shared.values():
+        profiles = f"profile{'s' if len(names) > 1 else ''} {', '.join(sorted(names))}"
+        labels = ",".join(f"{k}={v}" for k, v in sorted(backend.shared_node_labels.items()))
+        if labels:
+            out.append(
+                f"{profiles}: shared claims on the dra backend prefer nodes labelled {labels}; "
+                "label as many nodes as the shares need at their peak"
+            )
+        else:
+            out.append(
+                f"{profiles}: shared claims on the dra backend may land on any node (kube-"
+                "scheduler scores a pod whose GPU is a claim by its CPU and memory alone), which "
+                "can leave no node whole for multi-GPU pods; set backend.sharedNodeLabels to "
+                "keep them together"
+            )
     return out
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from gpuwarden.policy import AdmissionRequest, ClusterView, PolicySet, admit, mutate
 from gpuwarden.policy.admission.jobs import admit_job
+from gpuwarden.policy.lint import lint_findings
 from gpuwarden.policy.pod import jobs
 from gpuwarden.policy.spec.loader import PolicyError
 
@@ -283,3 +284,18 @@ def test_the_users_own_preferences_stay_and_a_reinvocation_settles() -> None:
     assert (
         "affinity" not in apply_ops(alone, mutate(create(alone), policies, ClusterView()))["spec"]
     )
+
+
+def test_lint_says_where_the_shares_land() -> None:
+    _, notes = lint_findings(policies_from(SPEC))
+    assert (
+        "profiles shared, shared-two: shared claims on the dra backend may land on any node "
+        "(kube-scheduler scores a pod whose GPU is a claim by its CPU and memory alone), which "
+        "can leave no node whole for multi-GPU pods; set backend.sharedNodeLabels to keep them "
+        "together"
+    ) in notes
+    _, notes = lint_findings(policies_from(PREFERRING))
+    assert (
+        "profiles shared, shared-two: shared claims on the dra backend prefer nodes labelled "
+        "gpu-pool=shared; label as many nodes as the shares need at their peak"
+    ) in notes
