@@ -254,9 +254,12 @@ def dra_lab(
 def test_shares_fill_a_device_by_cores_whole_pods_take_another_and_an_end_frees_it(
     dra_lab: DraLab,
 ) -> None:
+    # Each pod is bound before the next is made: claims allocated in the same instant once landed
+    # on two devices in CI (the next test's four quarters), though one had room for all; how the
+    # scheduler orders in-flight allocations is not what these tests are about.
     first = dra_lab.create(claim_template="half")
-    second = dra_lab.create(claim_template="half")
     (one,) = dra_lab.bound(first)
+    second = dra_lab.create(claim_template="half")
     (two,) = dra_lab.bound(second)
     assert one[0] == two[0], "two halves by cores fill one device"
     assert one[1] == two[1] == 0.5
@@ -270,8 +273,8 @@ def test_shares_fill_a_device_by_cores_whole_pods_take_another_and_an_end_frees_
 
 @pytest.mark.e2e
 def test_a_share_by_memory_alone_fills_a_device_by_memory(dra_lab: DraLab) -> None:
-    names = [dra_lab.create(claim_template="quarter-memory") for _ in range(4)]
-    devices = [dra_lab.bound(name) for name in names]
+    # One at a time, as above.
+    devices = [dra_lab.bound(dra_lab.create(claim_template="quarter-memory")) for _ in range(4)]
     assert {d[0][0] for d in devices} == {devices[0][0][0]}, "four quarters of memory on one GPU"
     assert [d[0][1] for d in devices] == [pytest.approx(0.25, abs=1e-3)] * 4
     fifth = dra_lab.create(claim_template="quarter-memory")
