@@ -49,6 +49,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
 
 from gpuwarden.certs.authority import KeyPair, issue_client, new_ca
 from gpuwarden.certs.loopback import loopback_serving
@@ -377,18 +378,31 @@ class ControlPlane:
         return result
 
     def wait_established(self, crd_name: str, *, timeout: float = 180.0) -> None:
-        """Wait until the CRD serves its kind.
+        """Wait until the CRD serves its kind, polling it through the API: an error answer or a
+        moment's absence is retried until the deadline, and a timeout names what was waited for
+        with the control plane's log tails (``kubectl wait`` once exited 1 here in CI, its
+        message lost).
 
         The deadline is sized for a machine whose cores are shared with other control planes: an
         idle one establishes a CRD in under a second, a loaded one has taken over 30 s.
         """
-        self.kubectl(
-            "wait",
-            "--for=condition=Established",
-            f"crd/{crd_name}",
-            f"--timeout={int(timeout)}s",
-            timeout=timeout + 30.0,
-        )
+        api = self.api_client()
+        extensions: Any = k8s_client.ApiextensionsV1Api(api)
+
+        def established() -> bool:
+            try:
+                crd = extensions.read_custom_resource_definition(crd_name)
+            except ApiException:
+                return False
+            conditions = (crd.status.conditions if crd.status else None) or []
+            return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+        try:
+            self.poll(
+                f"CRD {crd_name} to be established", established, [], time.monotonic() + timeout
+            )
+        finally:
+            api.close()  # type: ignore[no-untyped-call]
 
     def __enter__(self) -> Self:
         self.start()
