@@ -377,11 +377,13 @@ class ControlPlane:
             )
         return result
 
-    def wait_established(self, crd_name: str, *, timeout: float = 180.0) -> None:
-        """Wait until the CRD serves its kind, polling it through the API: an error answer or a
-        moment's absence is retried until the deadline, and a timeout names what was waited for
-        with the control plane's log tails (``kubectl wait`` once exited 1 here in CI, its
-        message lost).
+    def wait_established(
+        self, *crd_names: str, timeout: float = 180.0, what: str | None = None
+    ) -> None:
+        """Wait until every CRD named serves its kind, polling them through the API: an error
+        answer or a moment's absence is retried until the deadline, and a timeout names what
+        was waited for with the control plane's log tails (``kubectl wait`` once exited 1 here
+        in CI, its message lost).
 
         The deadline is sized for a machine whose cores are shared with other control planes: an
         idle one establishes a CRD in under a second, a loaded one has taken over 30 s.
@@ -389,9 +391,9 @@ class ControlPlane:
         api = self.api_client()
         extensions: Any = k8s_client.ApiextensionsV1Api(api)
 
-        def established() -> bool:
+        def established(name: str) -> bool:
             try:
-                crd = extensions.read_custom_resource_definition(crd_name)
+                crd = extensions.read_custom_resource_definition(name)
             except ApiException:
                 return False
             conditions = (crd.status.conditions if crd.status else None) or []
@@ -399,7 +401,10 @@ class ControlPlane:
 
         try:
             self.poll(
-                f"CRD {crd_name} to be established", established, [], time.monotonic() + timeout
+                f"{what or 'CRD ' + ', '.join(crd_names)} to be established",
+                lambda: all(established(name) for name in crd_names),
+                [],
+                time.monotonic() + timeout,
             )
         finally:
             api.close()  # type: ignore[no-untyped-call]

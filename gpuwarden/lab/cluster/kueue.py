@@ -434,14 +434,7 @@ def install_crds(
                 body["metadata"]["resourceVersion"] = current.metadata.resource_version
                 ext.replace_custom_resource_definition(name, body)
 
-    def established() -> bool:
-        for name in names:
-            conditions = ext.read_custom_resource_definition(name).status.conditions or []
-            if not any(c.type == "Established" and c.status == "True" for c in conditions):
-                return False
-        return True
-
-    plane.poll(f"{what} to be established", established, [], deadline)
+    plane.wait_established(*names, timeout=max(0.0, deadline - time.monotonic()), what=what)
 
 
 def _install_webhooks(api: k8s_client.ApiClient, configs: Sequence[Mapping[str, Any]]) -> None:
