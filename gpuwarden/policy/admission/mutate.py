@@ -247,6 +247,14 @@ def _picks_shared_gpus(expressions: list[Any]) -> bool:
     )
 
 
+def _remove_emptied(patch: PatchBuilder, path: list[str | int]) -> None:
+    """Remove the list at ``path`` and each parent map above it (not ``spec``) that a removal
+    left empty, deepest first."""
+    for depth in range(len(path), 1, -1):
+        if patch.get(path[:depth]) in ([], {}):
+            patch.remove(path[:depth])
+
+
 def _drop_node_expression(patch: PatchBuilder, expression: Mapping[str, Any]) -> None:
     """Remove an expression gpuwarden added, from every term; a term that held nothing else
     was gpuwarden's own and goes, and so do the parents that it leaves empty."""
@@ -266,9 +274,8 @@ def _drop_node_expression(patch: PatchBuilder, expression: Mapping[str, Any]) ->
         for where in reversed(range(len(expressions))):
             if expressions[where] == expression:
                 patch.remove([*_NODE_TERMS, index, "matchExpressions", where])
-    for depth in range(len(_NODE_TERMS), 1, -1):
-        if removed and patch.get(_NODE_TERMS[:depth]) in ([], {}):
-            patch.remove(_NODE_TERMS[:depth])
+    if removed:
+        _remove_emptied(patch, _NODE_TERMS)
 
 
 def _keep_off_shared_gpus(patch: PatchBuilder, profile: ResolvedProfile, notes: list[str]) -> None:
@@ -325,21 +332,18 @@ def _prefer_nodes(
     backend = profile.backend
     if not isinstance(backend, DraBackend) or not backend.shared_node_labels:
         return  # the common pod: no backend of it prefers nodes
-    wanted = preferred_nodes_term(backend_plan.preferred_nodes) if backend_plan else None
-    terms = patch.get(_PREFERRED_TERMS)
-    if wanted is not None:
-        if not isinstance(terms, list) or wanted not in terms:
-            patch.append(_PREFERRED_TERMS, wanted)
-        return
     ours = preferred_nodes_term(backend.shared_node_labels)
-    if ours is None or not isinstance(terms, list) or ours not in terms:
+    terms = patch.get(_PREFERRED_TERMS)
+    if backend_plan is not None and backend_plan.preferred_nodes:
+        if not isinstance(terms, list) or ours not in terms:
+            patch.append(_PREFERRED_TERMS, ours)
+        return
+    if not isinstance(terms, list) or ours not in terms:
         return
     for index in reversed(range(len(terms))):
         if terms[index] == ours:
             patch.remove([*_PREFERRED_TERMS, index])
-    for depth in range(len(_PREFERRED_TERMS), 1, -1):
-        if patch.get(_PREFERRED_TERMS[:depth]) in ([], {}):
-            patch.remove(_PREFERRED_TERMS[:depth])
+    _remove_emptied(patch, _PREFERRED_TERMS)
 
 
 def _priority(profile: ResolvedProfile, cluster: ClusterView) -> tuple[int, str]:
