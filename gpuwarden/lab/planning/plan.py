@@ -165,23 +165,22 @@ def _largest_gpu_memory(layout: Layout) -> float:
 
 
 def _claim_reservations(
-    layout: Layout,
-    decisions: Mapping[int, Admission],
-    claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> Callable[[TraceRow, Admission], list[Reservation]]:
-    """What each of a decided pod's DRA claims reserves, of the largest GPU the lab has."""
+    layout: Layout, claim_templates: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> Callable[[TraceRow, Admission], list[tuple[str, Reservation]]]:
+    """What each of a decided pod's DRA claims reserves, of the largest GPU the lab has, with
+    its template's name."""
     memory = _largest_gpu_memory(layout)
     # Each namespace's templates by name, indexed once rather than for every row.
     templates = {
         ns: {t["metadata"]["name"]: t for t in made} for ns, made in claim_templates.items()
     }
 
-    def reserved(row: TraceRow, decision: Admission) -> list[Reservation]:
+    def reserved(row: TraceRow, decision: Admission) -> list[tuple[str, Reservation]]:
         mine = templates.get(row.namespace, {})
         return [
-            reservation(template, memory)
+            (str(name), reservation(template, memory))
             for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []
-            if (template := mine.get(claim.get("resourceClaimTemplateName"))) is not None
+            if (template := mine.get(name := claim.get("resourceClaimTemplateName"))) is not None
         ]
 
     return reserved
@@ -194,58 +193,35 @@ def resolve_shares_nodes(
     claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
 ) -> tuple[Layout, list[str]]:
     """A DRA layout with the nodes its shares prefer sized to the strategy's shared claims, each
-    held from its arrival for its duration at the speed its reserved cores allow."""
+    held from its arrival for its duration at the speed its reserved cores allow; and a note per
+    template that asks more GPU memory than any GPU of the layout has: its pods are never placed
+    (a Volcano vgpu-memory or HAMi gpumem request above every GPU's memory is not either),
+    however idle the GPUs."""
     if not claim_templates:
         return replace(layout, mps_nodes=0, shares_nodes=0), []
-    reserved = _claim_reservations(layout, decisions, claim_templates)
+    largest = _largest_gpu_memory(layout)
+    reserved = _claim_reservations(layout, claim_templates)
     spans: list[tuple[float, float, float]] = []
+    oversized: dict[str, tuple[float, int]] = {}  # template: (bytes asked, pods)
     for row in rows:
         decision = decisions.get(row.row)
         if decision is None or not decision.allowed:
             continue
-        for claim in reserved(row, decision):
+        for name, claim in reserved(row, decision):
+            if claim.memory > largest:
+                oversized[name] = (claim.memory, oversized.get(name, (0.0, 0))[1] + 1)
             cap = claim.sm_share
             speed = 1.0 if cap is None or not row.batch or row.busy <= cap else cap / row.busy
             spans.append((row.at, row.duration / max(speed, 1e-3), claim.share))
     sized = size_shares_nodes(layout.mps_candidates, spans, whole_demand(rows, decisions))
     resolved = replace(layout, mps_nodes=0, shares_nodes=sized.nodes)
     notes = [sized.note] if sized.note else []
-    return resolved, notes + oversized_claims(layout, rows, decisions, claim_templates)
-
-
-def oversized_claims(
-    layout: Layout,
-    rows: Sequence[TraceRow],
-    decisions: Mapping[int, Admission],
-    claim_templates: Mapping[str, Sequence[Mapping[str, Any]]],
-) -> list[str]:
-    """A note per claim template that asks more GPU memory than any GPU of the layout has: its
-    pods are never placed (a Volcano vgpu-memory or HAMi gpumem request above every GPU's
-    memory is not either), however idle the GPUs."""
-    largest = _largest_gpu_memory(layout)
-    templates = {
-        (ns, t["metadata"]["name"]): t for ns, made in claim_templates.items() for t in made
-    }
-    pods: dict[str, int] = {}
-    asked: dict[str, float] = {}
-    for row in rows:
-        decision = decisions.get(row.row)
-        if decision is None or not decision.allowed:
-            continue
-        for claim in (decision.pod.get("spec") or {}).get("resourceClaims") or []:
-            template = templates.get((row.namespace, claim.get("resourceClaimTemplateName")))
-            if template is None:
-                continue
-            memory = reservation(template, largest).memory
-            if memory > largest:
-                name = str(template["metadata"]["name"])
-                pods[name] = pods.get(name, 0) + 1
-                asked[name] = memory
-    return [
-        f"claims of template {name} ask {asked[name] / 2**30:g}Gi of GPU memory, more than any "
-        f"GPU here has ({largest / 2**20:,.0f} MiB): its {pods[name]:,} pods are never placed"
-        for name in sorted(pods)
+    notes += [
+        f"claims of template {name} ask {asked / 2**30:g}Gi of GPU memory, more than any GPU "
+        f"here has ({largest / 2**20:,.0f} MiB): its {pods:,} pods are never placed"
+        for name, (asked, pods) in sorted(oversized.items())
     ]
+    return resolved, notes
 
 
 def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
@@ -253,7 +229,7 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
     an MPS slice as 1/replicas of one, a DRA claim as the share its template reserves of the
     largest GPU the lab has (so a peak of these is the least the services need)."""
     layout = plan.layout
-    reserved = _claim_reservations(layout, plan.decisions, plan.claim_templates)
+    reserved = _claim_reservations(layout, plan.claim_templates)
 
     def held(row: TraceRow) -> float | None:
         if not plan.decisions:
@@ -263,7 +239,7 @@ def held_gpus(plan: StrategyPlan) -> Callable[[TraceRow], float | None]:
             return None
         whole, slices = pod_devices(decision.pod)
         gpus = whole + slices / layout.mps_replicas
-        return gpus + sum(claim.share for claim in reserved(row, decision))
+        return gpus + sum(claim.share for _, claim in reserved(row, decision))
 
     return held
 
