@@ -301,11 +301,11 @@ def _dra_shared_nodes_notes(policies: PolicySet) -> list[str]:
     no sharedNodeLabels, on any node (kube-scheduler scores a claim-only pod alike on every node
     but for its CPU and memory), which can leave no node whole for multi-GPU pods."""
     shared: dict[str, tuple[DraBackend, list[str]]] = {}
-    for name, profile in policies.profiles.items():
-        backend = profile.backend or policies.profile_policy[name].spec.backend
-        if profile.gpu_share and isinstance(backend, DraBackend):
-            key = backend.model_dump_json()
-            shared.setdefault(key, (backend, []))[1].append(name)
+    for name in policies.profiles:
+        profile = policies.resolve(name, None)
+        if profile.gpu_share and isinstance(profile.backend, DraBackend):
+            key = profile.backend.model_dump_json()
+            shared.setdefault(key, (profile.backend, []))[1].append(name)
     out: list[str] = []
     for backend, names in shared.values():
         profiles = f"profile{'s' if len(names) > 1 else ''} {', '.join(sorted(names))}"
