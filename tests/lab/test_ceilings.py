@@ -185,3 +185,13 @@ def test_the_oversubscribed_week_asks_half_again_the_cluster_in_light_work() -> 
     assert load.work_ceiling_gpu_hours > 1.5 * load.capacity_gpu_hours
     # Large pipeline training is still there, for the pool split to serve.
     assert any(r.kind == "kfp-step" and r.gpus >= 4 for r in rows)
+
+
+def test_a_pod_deleted_while_it_waited_is_listed_unbound() -> None:
+    record = PodRecord(name="p-1", namespace="team", row=3, created=HOUR, kind="katib-trial")
+    record.preempted, record.ended = True, 2 * HOUR
+    (listed,) = summarize(
+        "s", [record], [], physical_gpus=1, horizon=4 * HOUR, allocated=[], busy=[]
+    ).as_json()["preemptedPods"]
+    assert (listed["boundSeconds"], listed["preemptedSeconds"]) == (None, 2 * HOUR)
+    assert listed["lostGpuHours"] == 0

@@ -272,7 +272,7 @@ class Preemption:
     row: int
     attempt: int
     gpus: float  # physical GPUs it held (a slice: 1/replicas)
-    bound: float
+    bound: float | None  # None: deleted before it was ever bound
     preempted: float
     lost_gpu_hours: float
     redone_gpu_hours: float
@@ -280,7 +280,6 @@ class Preemption:
 
     @classmethod
     def of(cls, record: PodRecord) -> Preemption:
-        bound = record.bound if record.bound is not None else record.created
         return cls(
             pod=record.name,
             namespace=record.namespace,
@@ -288,8 +287,8 @@ class Preemption:
             row=record.row,
             attempt=record.attempt,
             gpus=record.gpus,
-            bound=bound,
-            preempted=record.ended if record.ended is not None else bound,
+            bound=record.bound,
+            preempted=record.ended if record.ended is not None else record.created,
             lost_gpu_hours=_hours(record.lost),
             redone_gpu_hours=_hours(record.redone),
             evicted_by=record.evicted_by or "scheduler",
