@@ -164,51 +164,58 @@ class Layout:
         return [pool for pool in pools if pool.count]
 
     def _dra_pools(self) -> list[GpuNodePool]:
-        """DRA nodes; the first ``shares_nodes`` of the largest pools (most nodes first, as
-        MPS nodes are taken) labelled for the shares, as pools named ``<pool>-shares``."""
+        """DRA nodes; the first ``shares_nodes`` labelled for the shares, as pools named
+        ``<pool>-shares``."""
         given = self.node_pools or (
             GpuNodePool("gpu", self.nodes, self.gpus_per_node, gpu_memory_mib=self.gpu_memory_mib),
         )
-        left = self.shares_nodes
-        out: list[GpuNodePool] = []
-        for pool in sorted(given, key=lambda p: (-p.count, p.name)):
-            labelled = min(left, pool.count)
-            left -= labelled
-            if pool.count - labelled:
-                out.append(replace(pool, count=pool.count - labelled, dra=True))
-            if labelled:
-                out.append(
-                    replace(
-                        pool,
-                        name=f"{pool.name}-shares",
-                        count=labelled,
-                        dra=True,
-                        labels={**pool.labels, SHARES_LABEL: "true"},
-                    )
-                )
-        return sorted(out, key=lambda p: p.name)
+        return _first_nodes(
+            given,
+            self.shares_nodes,
+            lambda rest: replace(rest, dra=True),
+            lambda first: replace(
+                first,
+                name=f"{first.name}-shares",
+                dra=True,
+                labels={**first.labels, SHARES_LABEL: "true"},
+            ),
+        )
 
     def _split(self, shares: bool) -> list[GpuNodePool]:
-        """The given pools; sharing, the first ``mps_nodes`` nodes of the largest pools
-        (most nodes first) become MPS pools named ``<pool>-mps``."""
-        left = min(self.mps_nodes or 0, self.node_count) if shares else 0
-        out: list[GpuNodePool] = []
-        for pool in sorted(self.node_pools, key=lambda p: (-p.count, p.name)):
-            mps = min(left, pool.count)
-            left -= mps
-            if pool.count - mps:
-                out.append(replace(pool, count=pool.count - mps))
-            if mps:
-                out.append(
-                    replace(
-                        pool,
-                        name=f"{pool.name}-mps",
-                        count=mps,
-                        mps_replicas=self.mps_replicas,
-                        rename_shared=True,
-                    )
-                )
-        return sorted(out, key=lambda p: p.name)
+        """The given pools; sharing, the first ``mps_nodes`` nodes become MPS pools named
+        ``<pool>-mps``."""
+        return _first_nodes(
+            self.node_pools,
+            min(self.mps_nodes or 0, self.node_count) if shares else 0,
+            lambda rest: rest,
+            lambda first: replace(
+                first,
+                name=f"{first.name}-mps",
+                mps_replicas=self.mps_replicas,
+                rename_shared=True,
+            ),
+        )
+
+
+def _first_nodes(
+    given: Sequence[GpuNodePool],
+    count: int,
+    rest: Callable[[GpuNodePool], GpuNodePool],
+    first: Callable[[GpuNodePool], GpuNodePool],
+) -> list[GpuNodePool]:
+    """``given`` split after its first ``count`` nodes, taken from the largest pools (most nodes
+    first, as :attr:`Layout.mps_candidates` orders them): each pool's first nodes as ``first``
+    makes them, the others as ``rest`` does; sorted by name."""
+    left = count
+    out: list[GpuNodePool] = []
+    for pool in sorted(given, key=lambda p: (-p.count, p.name)):
+        taken = min(left, pool.count)
+        left -= taken
+        if pool.count - taken:
+            out.append(rest(replace(pool, count=pool.count - taken)))
+        if taken:
+            out.append(first(replace(pool, count=taken)))
+    return sorted(out, key=lambda p: p.name)
 
 
 #: A strategy's name with this suffix is that strategy with tenant queues (Kueue).
