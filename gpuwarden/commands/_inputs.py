@@ -217,10 +217,10 @@ def _review_request(doc: Mapping[str, Any], source: str, namespace: str | None) 
 def list_items(docs: Sequence[Any]) -> list[Any]:
     """The documents, each List (``kind: List``, ``PodList``, ``GPUPolicyList``: what
     ``kubectl get -o yaml`` writes) replaced by its items."""
-    return [where_doc[1] for where_doc in _located_items("", docs)]
+    return [where_doc[1] for where_doc in located_items("", docs)]
 
 
-def _located_items(source: str, docs: Sequence[Any]) -> list[tuple[str, Any]]:
+def located_items(source: str, docs: Sequence[Any]) -> list[tuple[str, Any]]:
     """(where, document) for each document, a List's items in its place."""
     out: list[tuple[str, Any]] = []
     for index, doc in enumerate(docs, start=1):
@@ -238,7 +238,7 @@ def read_pods(sources: Iterable[str], namespace: str | None = None) -> list[PodI
     inputs: list[PodInput] = []
     for source in sources:
         docs = read_documents(source)
-        located = _located_items(source, docs)
+        located = located_items(source, docs)
         if not located:
             raise InputError(
                 f"{source}: holds no document" if not docs else f"{source}: empty List"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuwarden.commands._inputs import (
     InputError,
@@ -13,6 +13,7 @@ from gpuwarden.commands._inputs import (
     eprint,
     list_items,
     load_policies,
+    located_items,
     read_documents,
 )
 from gpuwarden.policy import PolicySet
@@ -25,6 +26,7 @@ from gpuwarden.policy.lint import (
     object_tenant_namespace_warnings,
 )
 from gpuwarden.policy.pod import keys
+from gpuwarden.policy.render.memoryfit import GPU_MEMORY_LABEL, gpu_nodes, memory_fit_warnings
 
 if TYPE_CHECKING:
     from gpuwarden.policy.spec.composition import PolicyObject
@@ -50,6 +52,15 @@ def register(parser: argparse.ArgumentParser) -> None:
         "them, and show what each one overrides in the files (the files are the chart's "
         "policies)",
     )
+    parser.add_argument(
+        "--nodes",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="Nodes as the cluster holds them (`kubectl get nodes -o yaml`; repeatable): warn "
+        "about shared profiles whose GPU-memory reservation fits no GPU their pods may land on "
+        f"(read from GPU Feature Discovery's {GPU_MEMORY_LABEL} label)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +84,22 @@ def run(args: argparse.Namespace) -> int:
     errors += lint_errors(served)
     found, notes = lint_findings(served)
     warnings = found + warnings
+    checked = 0
+    if args.nodes:
+        try:
+            nodes = _read_nodes(args.nodes)
+        except InputError as exc:
+            eprint(f"error: {exc}")
+            return 1
+        gpus = gpu_nodes(nodes)
+        checked = len(gpus)
+        if gpus:
+            warnings += memory_fit_warnings(served, gpus)
+        else:
+            notes.append(
+                f"--nodes: none of the {len(nodes)} nodes given has {GPU_MEMORY_LABEL} (GPU "
+                "Feature Discovery's label), so GPU-memory reservations were not checked"
+            )
     for line in errors:
         eprint(f"error: {line}")
     for line in warnings:
@@ -90,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         counts += f", {len(notes)} notes (info: what the nodes or namespaces must provide)"
     if args.objects:
         counts += f", {len(overrides)} overrides by GPUPolicy objects"
+    if args.nodes:
+        counts += f", {checked} GPU nodes checked"
     if errors:
         print(f"failed: {counts}, {len(errors)} errors")
         return 1
@@ -114,6 +143,18 @@ def _read_objects(sources: Sequence[str]) -> dict[str, PolicyObject]:
             if obj.name in found:
                 raise InputError(f"{where}: {OBJECT_PREFIX}{obj.name} is given twice")
             found[obj.name] = obj
+    return found
+
+
+def _read_nodes(sources: Sequence[str]) -> list[Mapping[str, Any]]:
+    """Node objects, from manifests or a List (kubectl's ``-o yaml``)."""
+    found: list[Mapping[str, Any]] = []
+    for source in sources:
+        for where, doc in located_items(source, read_documents(source)):
+            if not isinstance(doc, Mapping) or doc.get("kind") != "Node":
+                kind = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+                raise InputError(f"{where}: not a Node (kind {kind!r})")
+            found.append(doc)
     return found
 
 
