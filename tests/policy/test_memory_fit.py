@@ -78,16 +78,19 @@ profiles:
     assert warnings_for(spec, T4) == []
 
 
-def test_dra_claims_ask_the_cap_without_scaling() -> None:
+def test_dra_claims_ask_the_cap_without_scaling_and_read_no_gpu_types() -> None:
     spec = """
 backend: {type: dra, deviceClassName: gpu.example.com}
 profiles:
   - {name: shared, gpuShare: true, maxMemory: 16Gi}
+  - {name: typed, gpuShare: true, maxMemory: 16Gi, gpuTypes: [T4]}
 """
-    (warning,) = warnings_for(spec, T4)
-    assert warning.startswith("profile shared: its shared pods reserve 16Gi (16,384 MiB) ")
-    assert " on dra, " in warning
-    assert warnings_for(spec, A10) == []
+    shared, typed = warnings_for(spec, T4)
+    assert shared.startswith("profile shared: its shared pods reserve 16Gi (16,384 MiB) ")
+    assert " on dra, " in shared
+    assert typed.startswith("profile typed: its shared pods reserve 16Gi")
+    # The dra backend writes no use-gputype, so the A10 is a GPU the typed pods may land on.
+    assert warnings_for(spec, T4, A10) == []
 
 
 def test_only_the_gpus_a_profile_may_land_on_count() -> None:

@@ -61,12 +61,17 @@ def _reserved_mib(profile: ResolvedProfile) -> tuple[int, Decimal] | None:
     return None
 
 
+def _reads_gpu_types(profile: ResolvedProfile) -> bool:
+    """Volcano and HAMi read a shared pod's use-gputype; the dra backend writes none."""
+    return bool(profile.gpu_types) and isinstance(profile.backend, VolcanoBackend | HamiBackend)
+
+
 def _may_land_on(profile: ResolvedProfile, node: GpuNode) -> bool:
     """The profile's nodeSelector holds on the node, and its gpuTypes (Volcano's and HAMi's
     use-gputype: a case-insensitive part of the device's name) name the node's product."""
     if any(node.labels.get(key) != value for key, value in profile.node_selector.items()):
         return False
-    if not profile.gpu_types:
+    if not _reads_gpu_types(profile):
         return True
     # The schedulers read NVML's name ("NVIDIA A100-SXM4-80GB"); GFD writes it with dashes.
     product = node.product.upper().replace(" ", "-")
@@ -75,7 +80,7 @@ def _may_land_on(profile: ResolvedProfile, node: GpuNode) -> bool:
 
 def _where(profile: ResolvedProfile) -> str:
     parts = [f"{key}={value}" for key, value in sorted(profile.node_selector.items())]
-    if profile.gpu_types:
+    if _reads_gpu_types(profile):
         parts.append(f"gpuTypes {', '.join(profile.gpu_types)}")
     return " and ".join(parts)
 
@@ -102,7 +107,7 @@ def _unfit(profile: ResolvedProfile, nodes: Sequence[GpuNode], lower: str) -> st
         f"on {profile.backend.type}, more than any GPU they may land on has (largest "
         f"{largest.memory_mib:,} MiB{scaled}: {product}node {largest.name}), so they never "
         f"schedule; {lower}, or send the profile to larger GPUs "
-        f"({'nodeSelector' if profile.gpu_types else 'nodeSelector or gpuTypes'})"
+        f"({'nodeSelector' if _reads_gpu_types(profile) else 'nodeSelector or gpuTypes'})"
     )
 
 
