@@ -26,7 +26,12 @@ from gpuwarden.policy.lint import (
     object_tenant_namespace_warnings,
 )
 from gpuwarden.policy.pod import keys
-from gpuwarden.policy.render.memoryfit import GPU_MEMORY_LABEL, gpu_nodes, memory_fit_warnings
+from gpuwarden.policy.render.nodefit import (
+    GPU_COUNT_LABEL,
+    GPU_MEMORY_LABEL,
+    gpu_nodes,
+    node_fit_warnings,
+)
 
 if TYPE_CHECKING:
     from gpuwarden.policy.spec.composition import PolicyObject
@@ -58,8 +63,9 @@ def register(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="PATH",
         help="Nodes as the cluster holds them (`kubectl get nodes -o yaml`; repeatable): warn "
-        "about shared profiles whose GPU-memory reservation fits no GPU their pods may land on "
-        f"(read from GPU Feature Discovery's {GPU_MEMORY_LABEL} label)",
+        "about profiles whose pods no node can hold (a GPU-memory reservation larger than the "
+        "GPUs, more GPUs than a node has) and tenants whose maxGpusPerPod no node has (read "
+        f"from GPU Feature Discovery's {GPU_MEMORY_LABEL} and {GPU_COUNT_LABEL} labels)",
     )
 
 
@@ -94,11 +100,12 @@ def run(args: argparse.Namespace) -> int:
         gpus = gpu_nodes(nodes)
         checked = len(gpus)
         if gpus:
-            warnings += memory_fit_warnings(served, gpus)
+            warnings += node_fit_warnings(served, gpus)
         else:
             notes.append(
-                f"--nodes: none of the {len(nodes)} nodes given has {GPU_MEMORY_LABEL} (GPU "
-                "Feature Discovery's label), so GPU-memory reservations were not checked"
+                f"--nodes: none of the {len(nodes)} nodes given has {GPU_MEMORY_LABEL} or "
+                f"{GPU_COUNT_LABEL} (GPU Feature Discovery's labels), so nothing was checked "
+                "against them"
             )
     for line in errors:
         eprint(f"error: {line}")
