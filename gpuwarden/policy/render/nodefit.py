@@ -183,14 +183,18 @@ def node_fit_warnings(policies: PolicySet, nodes: Sequence[GpuNode]) -> list[str
             warnings += [
                 f"tenant {tenant.name}: its override of profile {name}: {told[i]}" for i in news
             ]
+    return warnings + _limit_warnings(policies, nodes)
+
+
+def _limit_warnings(policies: PolicySet, nodes: Sequence[GpuNode]) -> list[str]:
+    """Tenants whose maxGpusPerPod admits pods that no node has the GPUs for."""
     largest = _largest(nodes, lambda node: node.gpus)
-    for tenant in policies.tenants if largest is not None else ():
-        limit = tenant.limits.max_gpus_per_pod
-        if limit is not None and largest is not None and limit > largest.gpus:
-            warnings.append(
-                f"tenant {tenant.name}: maxGpusPerPod {limit} admits pods of more GPUs than any "
-                f"node has (largest {largest.gpus} GPUs: node {largest.name}), which then stay "
-                f"Pending; set maxGpusPerPod {largest.gpus}, so that they are denied with a "
-                "message instead"
-            )
-    return warnings
+    if largest is None:
+        return []
+    return [
+        f"tenant {tenant.name}: maxGpusPerPod {limit} admits pods of more GPUs than any node has "
+        f"(largest {largest.gpus} GPUs: node {largest.name}), which then stay Pending; set "
+        f"maxGpusPerPod {largest.gpus}, so that they are denied with a message instead"
+        for tenant in policies.tenants
+        if (limit := tenant.limits.max_gpus_per_pod) is not None and limit > largest.gpus
+    ]
