@@ -10,6 +10,8 @@ NVIDIA's MPS cap reserves nothing. A pod's GPUs all come from one node.
 
 from __future__ import annotations
 
+import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +216,17 @@ def test_lint_nodes_warns_about_the_default_policy_on_small_gpus(
     ]
     assert out.endswith(", 1 GPU nodes checked\n")
     assert run(capsys, "lint", "--strict", str(POLICIES), "--nodes", str(nodes))[0] == 1
+
+
+def test_lint_nodes_reads_kubectls_json_from_stdin(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    listed = {"apiVersion": "v1", "kind": "List", "items": [T4, CPU]}
+    monkeypatch.setattr("sys.stdin", io.StringIO(json.dumps(listed)))
+    code, out, err = run(capsys, "lint", str(POLICIES), "--nodes", "-")
+    assert code == 0
+    assert "warning: profile batch-hpo: its shared pods reserve 20Gi" in err
+    assert out.endswith(", 1 GPU nodes checked\n")
 
 
 def test_lint_nodes_says_when_no_node_has_the_label(
