@@ -99,7 +99,21 @@ def _larger(profile: ResolvedProfile) -> str:
     return "nodeSelector" if _reads_gpu_types(profile) else "nodeSelector or gpuTypes"
 
 
-def _count_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode], fix: str) -> str | None:
+class _Problem(NamedTuple):
+    """Why a profile's pods never schedule, and the setting to lower (None: no such setting)."""
+
+    why: str
+    setting: str | None = None
+    instead: str = ""  # the other way out
+
+    def told(self, place: str) -> str:
+        """The problem with its fix, where ``place`` says where the setting is written."""
+        if self.setting is None:
+            return self.why
+        return f"{self.why}; lower {self.setting}{place}, or {self.instead}"
+
+
+def _count_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode]) -> _Problem | None:
     """A GPU count the profile (or the override) sets that no node it may land on has."""
     if profile.gpus_set_by is None or profile.gpus <= 1:
         return None  # each pod keeps the count it asks for: the tenant's limit is checked
@@ -108,11 +122,12 @@ def _count_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode], fix: str)
     largest = _largest(nodes, lambda node: node.gpus)
     if largest is None or profile.gpus <= largest.gpus:
         return None
-    return (
+    return _Problem(
         f"its pods get {profile.gpus} GPUs each (set by {profile.gpus_set_by}), more than any "
         f"node they may land on has (largest {largest.gpus} GPUs: node {largest.name}), so they "
-        f"never schedule; lower gpus{fix}, or send the profile to nodes of {profile.gpus} GPUs "
-        "(nodeSelector)"
+        "never schedule",
+        "gpus",
+        f"send the profile to nodes of {profile.gpus} GPUs (nodeSelector)",
     )
 
 
@@ -130,7 +145,7 @@ def _reserved_mib(profile: ResolvedProfile) -> tuple[int, Decimal] | None:
     return None
 
 
-def _memory_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode], fix: str) -> str | None:
+def _memory_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode]) -> _Problem | None:
     """A shared pod's memory reservation that no GPU it may land on holds."""
     reserved = _reserved_mib(profile)
     largest = _largest(nodes, lambda node: node.memory_mib)
@@ -141,23 +156,33 @@ def _memory_problem(profile: ResolvedProfile, nodes: Sequence[GpuNode], fix: str
         return None
     scaled = f" x {scaling:g} (deviceMemoryScaling, as overcommitRatio asks)" if scaling > 1 else ""
     product = f"{largest.product} on " if largest.product else ""
-    return (
+    return _Problem(
         f"its shared pods reserve {profile.max_memory_text} ({mib:,} MiB) of GPU memory per GPU "
         f"on {profile.backend.type}, more than any GPU they may land on has (largest "
         f"{largest.memory_mib:,} MiB{scaled}: {product}node {largest.name}), so they never "
-        f"schedule; lower maxMemory{fix}, or send the profile to larger GPUs ({_larger(profile)})"
+        "schedule",
+        "maxMemory",
+        f"send the profile to larger GPUs ({_larger(profile)})",
     )
 
 
-def _problems(profile: ResolvedProfile, nodes: Sequence[GpuNode], fix: str) -> list[str]:
+def _problems(profile: ResolvedProfile, nodes: Sequence[GpuNode]) -> list[_Problem]:
     """Why the profile's pods never schedule on ``nodes``; empty when they may."""
     if profile.gpus == 0:
         return []
     eligible = [node for node in nodes if _may_land_on(profile, node)]
     if not eligible:
-        return [f"no node given with GPUs matches its {_where(profile)}: its pods never schedule"]
-    found = (_count_problem(profile, eligible, fix), _memory_problem(profile, eligible, fix))
+        return [
+            _Problem(
+                f"no node given with GPUs matches its {_where(profile)}: its pods never schedule"
+            )
+        ]
+    found = (_count_problem(profile, eligible), _memory_problem(profile, eligible))
     return [problem for problem in found if problem is not None]
+
+
+#: Where a profile's own setting is lowered for one team only.
+_IN_PROFILE = " (one team's: in its override)"
 
 
 def node_fit_warnings(policies: PolicySet, nodes: Sequence[GpuNode]) -> list[str]:
@@ -165,23 +190,17 @@ def node_fit_warnings(policies: PolicySet, nodes: Sequence[GpuNode]) -> list[str
     node of ``nodes`` can hold; and per tenant whose maxGpusPerPod no node has."""
     warnings: list[str] = []
     for name in policies.profiles:
-        base = policies.resolve(name, None)
-        own = _problems(base, nodes, "")
-        warnings += [
-            f"profile {name}: {problem}"
-            for problem in _problems(base, nodes, " (one team's: in its override)")
-        ]
+        own = _problems(policies.resolve(name, None), nodes)
+        warnings += [f"profile {name}: {problem.told(_IN_PROFILE)}" for problem in own]
         for tenant in policies.tenants:
             if name not in tenant.overrides:
                 continue
-            theirs = policies.resolve(name, tenant)
             # The same problem as the profile's is said once, for the profile.
-            news = [
-                i for i, problem in enumerate(_problems(theirs, nodes, "")) if problem not in own
-            ]
-            told = _problems(theirs, nodes, " in the override")
             warnings += [
-                f"tenant {tenant.name}: its override of profile {name}: {told[i]}" for i in news
+                f"tenant {tenant.name}: its override of profile {name}: "
+                f"{problem.told(' in the override')}"
+                for problem in _problems(policies.resolve(name, tenant), nodes)
+                if problem not in own
             ]
     return warnings + _limit_warnings(policies, nodes)
 
