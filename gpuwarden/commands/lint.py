@@ -77,12 +77,14 @@ def run(args: argparse.Namespace) -> int:
     overrides: list[str] = []
     errors: list[str] = []
     warnings: list[str] = []
+    try:
+        # Only --objects needs the GPUPolicy reader (gpuwarden.kube), imported when given.
+        objects = _read_objects(args.objects) if args.objects else {}
+        nodes = _read_nodes(args.nodes)
+    except InputError as exc:
+        eprint(f"error: {exc}")
+        return 1
     if args.objects:
-        try:
-            objects = _read_objects(args.objects)
-        except InputError as exc:
-            eprint(f"error: {exc}")
-            return 1
         served, errors = _serve(policies, objects)
         overrides = object_overrides(policies, served)
         warnings = object_scope_warnings(policies, served)
@@ -92,11 +94,6 @@ def run(args: argparse.Namespace) -> int:
     warnings = found + warnings
     checked = 0
     if args.nodes:
-        try:
-            nodes = _read_nodes(args.nodes)
-        except InputError as exc:
-            eprint(f"error: {exc}")
-            return 1
         gpus = gpu_nodes(nodes)
         checked = len(gpus)
         if gpus:
