@@ -12,7 +12,7 @@ from gpuwarden.policy.pod.workloads import KATIB_INJECTION, KATIB_INJECTION_ENAB
 from gpuwarden.policy.render.kueue import gpu_pools, shared_gpus_warnings, template_charge_errors
 from gpuwarden.policy.render.objects import tenant_plans
 from gpuwarden.policy.render.scope import review_scope
-from gpuwarden.policy.spec.backends import selects_shared_gpus
+from gpuwarden.policy.spec.backends import reads_gpu_types, selects_shared_gpus
 from gpuwarden.policy.spec.model import (
     Backend,
     DraBackend,
@@ -79,7 +79,7 @@ def lint_findings(policies: PolicySet) -> tuple[list[str], list[str]]:
             )
         if gpus and profile.gpu_share and isinstance(backend, VolcanoBackend | HamiBackend):
             notes += _limiter_backend_warnings(name, profile, backend)
-        if profile.gpu_types and not _reads_gpu_types(backend, bool(profile.gpu_share)):
+        if profile.gpu_types and not reads_gpu_types(backend, bool(profile.gpu_share)):
             warnings.append(
                 f"profile {name}: gpuTypes has no effect on {backend.type} "
                 f"{'shared' if profile.gpu_share else 'whole'} GPUs (only Volcano vGPU and HAMi "
@@ -472,15 +472,6 @@ def _requires_katib_injection(selector: LabelSelector | None) -> bool:
         and req.values == (KATIB_INJECTION_ENABLED,)
         for req in selector.match_expressions
     )
-
-
-def _reads_gpu_types(backend: Backend, shared: bool) -> bool:
-    """Whether the backend's scheduler reads nvidia.com/use-gputype for such a pod."""
-    if isinstance(backend, HamiBackend):
-        return True
-    if isinstance(backend, VolcanoBackend):
-        return shared or backend.whole_gpus == "vgpu"
-    return False
 
 
 def kueue_tenants(policies: PolicySet) -> list[tuple[Tenant, list[ResolvedProfile]]]:

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 
 from gpuwarden.policy.pod.quantity import to_mebibytes
 from gpuwarden.policy.pod.resources import metadata_of, string_map
+from gpuwarden.policy.spec.backends import reads_gpu_types
 from gpuwarden.policy.spec.model import DraBackend, HamiBackend, VolcanoBackend
 from gpuwarden.policy.spec.policyset import PolicySet
 from gpuwarden.policy.spec.resolved import ResolvedProfile
@@ -62,13 +63,8 @@ def gpu_nodes(nodes: Iterable[Mapping[str, Any]]) -> list[GpuNode]:
 
 
 def _reads_gpu_types(profile: ResolvedProfile) -> bool:
-    """Whether the backend's scheduler reads the pod's use-gputype (Volcano vGPU, HAMi)."""
-    backend = profile.backend
-    if not profile.gpu_types:
-        return False
-    if isinstance(backend, VolcanoBackend):
-        return profile.gpu_share or backend.whole_gpus == "vgpu"
-    return isinstance(backend, HamiBackend)
+    """Whether the profile names gpuTypes that its backend's scheduler reads."""
+    return bool(profile.gpu_types) and reads_gpu_types(profile.backend, profile.gpu_share)
 
 
 def _may_land_on(profile: ResolvedProfile, node: GpuNode) -> bool:

@@ -13,6 +13,7 @@ from typing import Any
 from gpuwarden.policy.pod import keys
 from gpuwarden.policy.pod.quantity import to_mebibytes
 from gpuwarden.policy.spec.model import (
+    Backend,
     DraBackend,
     HamiBackend,
     MpsSettings,
@@ -225,6 +226,16 @@ def _label_selects_shared_gpus(key: str, value: str) -> bool:
         return value.isdigit() and int(value) > 1
     if key == PRODUCT_LABEL:
         return value.endswith(SHARED_PRODUCT_SUFFIX)
+    return False
+
+
+def reads_gpu_types(backend: Backend, shared: bool) -> bool:
+    """Whether the backend's scheduler reads nvidia.com/use-gputype for a shared (or whole) pod:
+    HAMi always, Volcano for vGPUs (as :func:`_volcano` and :func:`_hami` write it)."""
+    if isinstance(backend, HamiBackend):
+        return True
+    if isinstance(backend, VolcanoBackend):
+        return shared or backend.whole_gpus == "vgpu"
     return False
 
 
